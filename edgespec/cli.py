@@ -1,0 +1,64 @@
+"""The `edgespec` command. Each subpackage registers its own subcommands through a
+`register(subparsers)` function in its `cli` module; heavy imports happen inside the
+command handlers, so `edgespec --help` needs neither torch nor onnxruntime."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from edgespec.errors import EdgespecError
+
+# (module, human name) for each subcommand group; a module missing from an install is skipped.
+_COMMAND_MODULES = [
+    "edgespec.models.cli",      # models list|pull
+    "edgespec.export.cli",      # export
+    "edgespec.runtime.cli",     # generate
+    "edgespec.calibrate.cli",   # calibrate
+    "edgespec.profile.cli",     # bench, study, demo-report
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgespec",
+        description="Fast, lossless speculative decoding on edge devices (ONNX Runtime).",
+    )
+    parser.add_argument("--version", action="version", version=f"edgespec {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a subpackage not built yet / not installed
+            if exc.name and exc.name.startswith("edgespec"):
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def _version() -> str:
+    from edgespec import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        result = args.func(args)
+    except EdgespecError as exc:
+        print(f"edgespec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("edgespec: interrupted", file=sys.stderr)
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""See edgespec/__init__.py."""
