@@ -1,1 +1,1 @@
-"""See edgespec/__init__.py."""
+"""edgespec.export: model sources and ONNX bundle export (needs the [export] extra)."""

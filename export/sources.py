@@ -212,6 +212,10 @@ def _from_hub(repo_id: str) -> ModelSource:
     try:
         d = Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"], etag_timeout=5))
     except Exception as exc:
+        if type(exc).__name__ in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"):
+            raise ModelSourceError(f"hub id {repo_id!r} was not found on the model hub (or needs access rights)") from exc
         raise ModelSourceError(f"hub id {repo_id!r}: the model hub is not reachable from this machine "
                                f"({type(exc).__name__}); use a recipe name, an HF directory or a GGUF file") from exc
+    if not (d / "config.json").is_file():
+        raise ModelSourceError(f"hub id {repo_id!r} has no config.json: not a transformers model")
     return ModelSource(repo_id, "hub", d, _dir_digest(d), repo_id.split("/")[-1])

@@ -1,0 +1,290 @@
+"""`calibrate(config)`: counts -> kept vocabulary -> priors -> atomic output (the CLI's engine).
+
+Sources and mixing. Each source gives counts in the drafter's and in the target's vocabulary:
+  raw      tokenise the --data corpus with both tokenizers (once when they are the same);
+  target   the target generates completions of the prompts; counts map onto the drafter's vocabulary
+           through the string maps (re-tokenising tokens without a counterpart, counts split);
+  drafter  the same with the drafter generating, mapped onto the target's vocabulary.
+Several sources combine as a weighted sum of their *normalised* frequencies (weights --mix, default
+equal), rescaled to the total number of counted tokens, so a few thousand generated tokens can weigh
+as much as millions of raw ones. One source alone gives exactly its counts.
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import CalibrationError
+
+SOURCES = ("raw", "target", "drafter")
+
+
+@dataclass
+class CalibrationConfig:
+    out: Path
+    sources: list[str]
+    policy: str                        # keep | coverage | min-count
+    value: float
+    pair: str | None = None
+    target: str | None = None
+    drafter: str | None = None
+    bundle: Path | None = None
+    mix: list[float] | None = None
+    data: list[str] = field(default_factory=list)
+    jsonl_field: str = "text"
+    max_raw_tokens: int | None = None
+    prompts: str | None = None
+    split: str = "calib"
+    max_tokens: int = 4096
+    max_new_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float | None = None
+    chat: bool | None = None
+    affinity: str | None = None
+    affinity_topk: int = 32
+    affinity_tau: float = 0.1
+    a_star: bool = False
+    lam: float | None = None
+    prior_alpha: float = 0.5
+    prior_temperature: float = 1.0
+    tf_positions: int = 2048
+    tf_max_len: int = 512
+    heldout: list[str] = field(default_factory=list)
+    save_text: Path | None = None
+    seed: int = 0
+    ep: str = "cpu"
+    threads: int | None = 1
+    progress: bool = True
+    command: str = ""
+
+
+def _log(cfg: CalibrationConfig, msg: str) -> None:
+    if cfg.progress:
+        print(f"edgespec: {msg}", file=sys.stderr)
+
+
+def check_config(cfg: CalibrationConfig) -> list[float]:
+    """Validate what can be checked before any model is loaded; returns the mix weights."""
+    if not cfg.sources:
+        raise CalibrationError("give at least one --source (raw, target or drafter)")
+    for s in cfg.sources:
+        if s not in SOURCES:
+            raise CalibrationError(f"unknown --source {s!r}; use raw, target or drafter")
+    if len(set(cfg.sources)) != len(cfg.sources):
+        raise CalibrationError("each --source may appear once")
+    weights = cfg.mix or [1.0] * len(cfg.sources)
+    if len(weights) != len(cfg.sources):
+        raise CalibrationError(f"--mix gives {len(weights)} weight(s) for {len(cfg.sources)} source(s)")
+    if any(not np.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+        raise CalibrationError("--mix weights must be non-negative and not all zero")
+    if "raw" in cfg.sources and not cfg.data:
+        raise CalibrationError("--source raw needs --data PATH_OR_GLOB")
+    if {"target", "drafter"} & set(cfg.sources) and not cfg.prompts:
+        raise CalibrationError("--source target/drafter needs --prompts humaneval|FILE.jsonl")
+    if cfg.affinity is not None and cfg.affinity not in ("cooc", "cov"):
+        raise CalibrationError(f"unknown --affinity {cfg.affinity!r}; use cooc or cov")
+    if cfg.affinity_topk < 1:
+        raise CalibrationError(f"--affinity-topk must be at least 1, got {cfg.affinity_topk}")
+    if cfg.tf_positions < 1:
+        raise CalibrationError(f"--tf-positions must be at least 1, got {cfg.tf_positions}")
+    if cfg.policy == "coverage" and not 0 < cfg.value <= 1:
+        raise CalibrationError(f"--coverage must be in (0, 1], got {cfg.value}")
+    if cfg.policy == "keep" and cfg.value < 1:
+        raise CalibrationError(f"--keep must be at least 1, got {cfg.value:g}")
+    if cfg.policy == "min-count" and not cfg.value > 0:
+        raise CalibrationError(f"--min-count must be positive, got {cfg.value:g}")
+    total = float(sum(weights))
+    return [w / total for w in weights]
+
+
+def calibrate(cfg: CalibrationConfig) -> dict:
+    """Run a calibration; returns the vocab.json document (also written to cfg.out)."""
+    from edgespec.calibrate import select as sel
+    from edgespec.calibrate.models import resolve_models
+    from edgespec.calibrate.output import AtomicOutput, file_digests, output_paths, save_npz, versions
+    from edgespec.calibrate.priors import unigram_prior
+
+    weights = check_config(cfg)
+    with AtomicOutput(cfg.out) as out:
+        models = resolve_models(cfg)
+        per_source, gens = {}, {}
+        for name in cfg.sources:
+            per_source[name], gens[name] = _count_source(cfg, models, name)
+        d_counts = _combine([per_source[s]["drafter"] for s in cfg.sources], weights)
+        t_counts = _combine([per_source[s]["target"] for s in cfg.sources], weights)
+        selection = sel.select(d_counts, cfg.policy, cfg.value, models.always_kept)
+        _log(cfg, f"kept {selection.kept_ids.size} of {models.v_d} drafter tokens; coverage "
+                  f"{selection.coverage:.4f} of the counted mass")
+        curve = _curve(cfg, models, d_counts, selection, "+".join(cfg.sources))
+        prior = unigram_prior(t_counts, cfg.prior_alpha)
+        np.save(out.priors / "prior.npy", prior)
+        save_npz(out.priors / "counts.npz", drafter=d_counts, target=t_counts)
+        priors_meta = {"prior": {"file": "prior.npy", "alpha": cfg.prior_alpha, "vocab_size": int(prior.size)}}
+        if cfg.affinity or cfg.a_star:
+            from edgespec.calibrate.tfpass import teacher_forced_priors
+
+            priors_meta.update(teacher_forced_priors(cfg, models, selection.kept_ids, gens, weights, out.priors, prior))
+        if cfg.save_text is not None:
+            _save_generations(cfg.save_text, gens, models)
+        provenance = {
+            "source": cfg.sources[0] if len(cfg.sources) == 1 else "mix",
+            "sources": {s: per_source[s]["info"] for s in cfg.sources},
+            "mix": dict(zip(cfg.sources, weights)),
+            "corpus": _corpus_description(cfg),
+            "tokens_counted": int(sum(per_source[s]["info"]["tokens"] for s in cfg.sources)),
+            "heldout_coverage": curve.get("heldout_kept"),
+            "pair": models.pair, "same_tokenizer": models.same_tokenizer,
+            "inputs": models.inputs, "seed": cfg.seed, "command": cfg.command, "versions": versions(),
+            "priors": priors_meta, "priors_files": file_digests(out.priors),
+        }
+        priors_rel = output_paths(cfg.out)["priors"].name
+        doc = sel.vocab_document(selection, models.d_hash, models.v_d, provenance, priors_rel)
+        out.commit(doc, curve, plot=sel.plot_curve)
+    _log(cfg, f"wrote {cfg.out} (+ {priors_rel}/, coverage curve)")
+    return doc
+
+
+def _combine(arrays: list[np.ndarray], weights: list[float]) -> np.ndarray:
+    if len(arrays) == 1:
+        return np.asarray(arrays[0], dtype=np.float64)
+    total = sum(float(a.sum()) for a in arrays)
+    out = np.zeros_like(np.asarray(arrays[0], dtype=np.float64))
+    for a, w in zip(arrays, weights):
+        s = float(a.sum())
+        if s > 0:
+            out += w * np.asarray(a, dtype=np.float64) / s
+    return out * total
+
+
+def _count_source(cfg: CalibrationConfig, models, name: str) -> tuple[dict, list]:
+    from edgespec.calibrate.counts import TokenCounter, count_corpus, expand_inputs, map_counts
+
+    if name == "raw":
+        paths = expand_inputs(cfg.data)
+        counters = [TokenCounter(models.d_tok, models.v_d, "drafter")]
+        if not models.same_tokenizer:
+            counters.append(TokenCounter(models.t_tok, models.v_t, "target"))
+        _log(cfg, f"counting {len(paths)} file(s) of raw text")
+        stats = count_corpus(paths, counters, cfg.jsonl_field, cfg.max_raw_tokens, cfg.progress)
+        d = counters[0].counts.astype(np.float64)
+        t = d if models.same_tokenizer else counters[1].counts.astype(np.float64)
+        return {"drafter": d, "target": t, "info": {"kind": "raw", **stats.summary()}}, []
+    from edgespec.calibrate.generate import generate_corpus
+    from edgespec.calibrate.prompts import load_prompts, prompts_digest
+
+    prompts = load_prompts(cfg.prompts, cfg.split)
+    generator = models.generator(name)
+    _log(cfg, f"{name} generates up to {cfg.max_tokens} tokens from {len(prompts)} prompt(s) "
+              f"({cfg.prompts}, split {cfg.split}; engine {type(generator).__name__})")
+    gens = generate_corpus(generator, prompts, cfg.max_tokens, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
+                           cfg.seed, desc=f"{name} generating", progress=cfg.progress)
+    size, other_size = (models.v_t, models.v_d) if name == "target" else (models.v_d, models.v_t)
+    own = np.bincount(np.concatenate([g.ids for g in gens]), minlength=size).astype(np.float64)[:size]
+    info = {"kind": name, "engine": type(generator).__name__, "prompts": cfg.prompts, "split": cfg.split,
+            "prompts_used": len(gens), "prompts_sha256": prompts_digest(prompts), "tokens": int(own.sum()),
+            "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
+            "chat": generator.chat}
+    if models.same_tokenizer:
+        other = own
+    else:
+        mapping = models.t2d if name == "target" else models.d2t
+        src_tok, dst_tok = (models.t_tok, models.d_tok) if name == "target" else (models.d_tok, models.t_tok)
+        mapped = map_counts(own, mapping, src_tok, dst_tok, other_size)
+        other = mapped.counts
+        info["mapped"] = {"direct": mapped.direct, "retokenised": mapped.retokenised, "unmapped": mapped.unmapped}
+    d, t = (other, own) if name == "target" else (own, other)
+    return {"drafter": d, "target": t, "info": info}, gens
+
+
+def _heldout_counts(path_specs: list[str], models) -> tuple[np.ndarray, dict]:
+    """Counts of held-out text in the drafter vocabulary; generated jsonl files (--save-text) are
+    read as their token ids when they were made with the drafter's tokenizer, else as text."""
+    from edgespec.calibrate.counts import TokenCounter, count_corpus, expand_inputs, is_jsonl
+
+    paths = expand_inputs(path_specs)
+    counter = TokenCounter(models.d_tok, models.v_d, "drafter")
+    by_field: dict[str, list[Path]] = {}
+    for p in paths:
+        by_field.setdefault(_heldout_field(p, models.d_hash) if is_jsonl(p) else "text", []).append(p)
+    tokens = 0
+    for fld, ps in by_field.items():
+        tokens += count_corpus(ps, [counter], fld, None, progress=False).tokens
+    return counter.counts.astype(np.float64), {"files": len(paths), "tokens": tokens}
+
+
+def _heldout_field(path: Path, d_hash: str) -> str:
+    from edgespec.calibrate.counts import _open_binary
+
+    with _open_binary(path) as f:
+        line = f.readline()
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return "text"
+    return "token_ids" if isinstance(rec, dict) and rec.get("vocab_hash") == d_hash and "token_ids" in rec else "text"
+
+
+def _curve(cfg: CalibrationConfig, models, d_counts: np.ndarray, selection, source: str) -> dict:
+    from edgespec.calibrate import select as sel
+
+    ks = sel.curve_points(models.v_d)
+    order = sel.ranking(d_counts)
+    doc = {"format": "edgespec-coverage", "source": source, "vocab_size": models.v_d, "k": ks.tolist(),
+           "coverage": sel.coverage_curve(d_counts, ks, order).round(6).tolist(),
+           "kept": int(selection.kept_ids.size), "kept_coverage": round(selection.coverage, 6),
+           "ranking": "count descending, ties by lower id (special tokens not forced in)"}
+    if cfg.heldout:
+        h, info = _heldout_counts(cfg.heldout, models)
+        doc["heldout"] = {"heldout": sel.coverage_curve(h, ks, order).round(6).tolist()}
+        doc["heldout_info"] = info
+        doc["heldout_kept"] = round(sel.coverage_of(h, selection.kept_ids), 6)
+        _log(cfg, f"held-out coverage of the kept set: {doc['heldout_kept']:.4f} ({info['tokens']} tokens)")
+    return doc
+
+
+def _corpus_description(cfg: CalibrationConfig) -> str:
+    parts = []
+    if "raw" in cfg.sources:
+        parts.append("raw: " + " ".join(cfg.data))
+    for s in ("target", "drafter"):
+        if s in cfg.sources:
+            parts.append(f"{s}-generated: {cfg.prompts} split {cfg.split}, <= {cfg.max_tokens} tokens")
+    return "; ".join(parts)
+
+
+def _save_generations(path: Path, gens: dict, models) -> None:
+    """Generated texts as jsonl (one record per prompt) for held-out coverage checks; atomic."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for source, items in gens.items():
+            h = models.t_hash if source == "target" else models.d_hash
+            for g in items:
+                f.write(json.dumps({"source": source, "id": g.prompt_id, "text": g.text,
+                                    "token_ids": g.ids.tolist(), "vocab_hash": h}, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def sample_raw_texts(paths: list[Path], n_chars: int, seed: int, limit: int = 400) -> list[str]:
+    """Deterministic sample of raw-text excerpts (file order shuffled with the seed) for teacher forcing."""
+    from edgespec.calibrate.counts import SkipFile, iter_file_documents
+
+    order = list(paths)
+    random.Random(seed).shuffle(order)
+    out: list[str] = []
+    for p in order[:limit]:
+        try:
+            for doc in iter_file_documents(p, "text"):
+                if isinstance(doc, np.ndarray):
+                    continue
+                text = next(iter(doc), "")
+                if text.strip():
+                    out.append(text[:n_chars])
+                break
+        except (SkipFile, UnicodeDecodeError, OSError, EOFError):
+            continue
+    return out

@@ -1,0 +1,252 @@
+"""Teacher-forced passes: target p and drafter q' at the same positions, for the affinity M and a*.
+
+A calibration sequence is run through both models (with the KV cache, in windows of `window` tokens,
+so the logits held at once are [window, V]) and every position that predicts a calibration token
+yields p = softmax(target logits / T) over the target vocabulary and q' = the drafter's distribution
+over the kept columns, pruned and renormalised (TLI: columns without a target id get zero).
+
+Same tokenizer: positions are token indices, identical for both models. Heterogeneous pair: both
+tokenizers encode the same text and a position is used where both have a token boundary at the same
+byte offset (token bytes from runtime/vocab.py's tables); the target's p and the drafter's q' then
+both describe "the next token starting here". Sequences whose token bytes do not add up to the text
+are skipped and counted.
+
+Logits come from the bundle's ONNX graphs (torch-free, `OrtLogits`) or from torch (`TorchLogits`).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import CalibrationError
+
+
+@dataclass
+class TFSequence:
+    target_ids: np.ndarray          # int64: what the target sees
+    drafter_ids: np.ndarray         # int64: what the drafter sees
+    pairs: np.ndarray               # int64 [n, 2]: (target row, drafter row) of aligned predicting positions
+
+
+def same_tokenizer_sequence(ids: np.ndarray, start: int, max_len: int | None = None) -> TFSequence | None:
+    """Positions predicting tokens ids[start:], ids[:max_len] only."""
+    ids = np.asarray(ids, dtype=np.int64)[:max_len]
+    rows = np.arange(max(start, 1) - 1, ids.size - 1, dtype=np.int64)
+    if rows.size == 0:
+        return None
+    return TFSequence(ids, ids, np.stack([rows, rows], axis=1))
+
+
+class ByteOffsets:
+    """Byte start of every token of an encoding, from the tokenizer's token table."""
+
+    def __init__(self, tokenizer):
+        from edgespec.calibrate.counts import special_affixes
+        from edgespec.runtime.vocab import as_tokenizer, token_table
+
+        self.tok = as_tokenizer(tokenizer)
+        table = token_table(self.tok)
+        self.lengths = np.array([len(k[len(b"special:"):]) if k and k.startswith(b"special:") else len(k or b"")
+                                 for k in table.keys], dtype=np.int64)
+        self.n_prefix = len(special_affixes(self.tok)[0])
+
+    def encode(self, text: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids, byte start of each token) or None when the token bytes do not reproduce the text."""
+        ids = np.asarray(self.tok.encode(text, add_special_tokens=True).ids, dtype=np.int64)
+        lens = self.lengths[np.minimum(ids, self.lengths.size - 1)].copy()
+        lens[: self.n_prefix] = 0                 # BOS added by the post-processor: not in the text
+        n_text = len(text.encode("utf-8"))
+        total = int(lens.sum())
+        shift = total - n_text                    # SentencePiece may prepend one space (▁)
+        if shift not in (0, 1):
+            return None
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]]) - shift
+        return ids, starts
+
+
+def aligned_sequence(text: str, start_byte: int, t_off: ByteOffsets, d_off: ByteOffsets,
+                     max_len: int | None = None) -> TFSequence | None:
+    """Positions where both tokenizations start a token at the same byte offset >= start_byte."""
+    t = t_off.encode(text)
+    d = d_off.encode(text)
+    if t is None or d is None:
+        return None
+    t_ids, t_starts = t[0][:max_len], t[1][:max_len]
+    d_ids, d_starts = d[0][:max_len], d[1][:max_len]
+
+    def first_index(starts):
+        idx = np.arange(1, starts.size)            # token i is predicted at row i - 1
+        ok = (starts[1:] >= max(start_byte, 1)) & (np.diff(starts) > 0)   # first token at each offset
+        return dict(zip(starts[1:][ok].tolist(), (idx[ok] - 1).tolist()))
+
+    ti, di = first_index(t_starts), first_index(d_starts)
+    common = sorted(set(ti) & set(di))
+    if not common:
+        return None
+    pairs = np.array([[ti[b], di[b]] for b in common], dtype=np.int64)
+    return TFSequence(t_ids, d_ids, pairs)
+
+
+# --------------------------------------------------------------------------- logit sources
+
+class OrtLogits:
+    """Logits at chosen rows of a sequence from an ONNX causal LM (runtime ModelRunner, KV cache)."""
+
+    def __init__(self, onnx_path: Path, cols: np.ndarray | None = None, ep: str = "cpu", threads: int | None = 1,
+                 window: int = 128, role: str = "model"):
+        from edgespec.runtime.kv import ModelRunner
+        from edgespec.runtime.sessions import create_session
+
+        sess, self.session_info = create_session(onnx_path, ep=ep, threads=threads, role=role)
+        self.runner = ModelRunner(sess, role=role)
+        self.cols = None if cols is None else np.asarray(cols, dtype=np.int64)
+        self.window = window
+
+    def __call__(self, ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        self.runner.reset()
+        return _windowed(lambda chunk: self.runner.forward(chunk), ids, rows, self.window, self.cols)
+
+
+class TorchLogits:
+    """The same from a transformers model directory (torch, 1 thread)."""
+
+    def __init__(self, hf_dir: Path, cols: np.ndarray | None = None, window: int = 128):
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM
+        except ImportError as exc:
+            raise CalibrationError(f"teacher-forced passes without a bundle need torch + transformers "
+                                   f"(pip install 'edgespec[export]'), or pass --bundle: {exc}") from None
+        torch.set_num_threads(1)
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+        self.cols = None if cols is None else torch.as_tensor(np.asarray(cols, dtype=np.int64))
+        self.window = window
+        self.past = None
+
+    def _forward(self, chunk: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        with torch.no_grad():
+            out = self.model(input_ids=torch.as_tensor(chunk, dtype=torch.long)[None], past_key_values=self.past,
+                             use_cache=True)
+        self.past = out.past_key_values
+        return out.logits[0].float().numpy()
+
+    def __call__(self, ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        self.past = None
+        cols = None if self.cols is None else self.cols.numpy()
+        return _windowed(self._forward, ids, rows, self.window, cols)
+
+
+def _windowed(forward, ids: np.ndarray, rows: np.ndarray, window: int, cols: np.ndarray | None) -> np.ndarray:
+    """Run `forward` over ids in windows (the cache carries context) and gather the wanted rows."""
+    ids = np.asarray(ids, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64)
+    last = int(rows.max()) + 1 if rows.size else 0
+    parts = []
+    for a in range(0, last, window):
+        b = min(a + window, last)
+        logits = forward(ids[a:b])
+        sel = rows[(rows >= a) & (rows < b)] - a
+        if sel.size:
+            part = logits[sel]
+            parts.append(np.array(part[:, cols] if cols is not None else part, dtype=np.float32))
+    return np.concatenate(parts, axis=0)
+
+
+# --------------------------------------------------------------------------- distributions
+
+def softmax_rows(logits: np.ndarray, temperature: float) -> np.ndarray:
+    z = np.asarray(logits, dtype=np.float32) / np.float32(temperature)
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
+
+
+def tli_rows(drafter_logits_kept: np.ndarray, index_map: np.ndarray, temperature: float) -> np.ndarray:
+    """q': softmax over the kept columns, zero where a column has no target id, renormalised."""
+    q = softmax_rows(drafter_logits_kept, temperature)
+    q[:, index_map < 0] = 0.0
+    s = q.sum(axis=1, keepdims=True)
+    return np.divide(q, s, out=np.zeros_like(q), where=s > 0)
+
+
+@dataclass
+class PassStats:
+    sequences: int = 0
+    positions: int = 0
+    skipped_sequences: int = 0
+    heldout_positions: int = 0
+
+
+def run_pass(sequences, target_fn, drafter_fn, index_map: np.ndarray, temperature: float, consumers: list,
+             max_positions: int, heldout=None, heldout_every: int = 5, progress: bool = True) -> PassStats:
+    """Feed aligned (p, q') rows to every consumer's `add(p, q_cols)`; every `heldout_every`-th
+    sequence goes to `heldout(p, q_cols)` instead of the consumers (if given)."""
+    from tqdm import tqdm
+
+    if not temperature > 0:
+        raise CalibrationError(f"teacher-forced priors need a temperature > 0, got {temperature}")
+    stats = PassStats()
+    bar = tqdm(total=max_positions, desc="teacher-forced positions", unit="pos", disable=not progress, leave=False)
+    try:
+        for seq in sequences:
+            if seq is None:
+                stats.skipped_sequences += 1
+                continue
+            if stats.positions + stats.heldout_positions >= max_positions:
+                break
+            pairs = seq.pairs[: max_positions - stats.positions - stats.heldout_positions]
+            p = softmax_rows(target_fn(seq.target_ids, pairs[:, 0]), temperature)
+            q = tli_rows(drafter_fn(seq.drafter_ids, pairs[:, 1]), index_map, temperature)
+            ok = q.sum(axis=1) > 0
+            p, q = p[ok], q[ok]
+            to_heldout = heldout is not None and stats.sequences % heldout_every == heldout_every - 1
+            for start in range(0, p.shape[0], 32):       # bounded float64 temporaries downstream
+                ps, qs = p[start:start + 32], q[start:start + 32]
+                if to_heldout:
+                    heldout(ps, qs)
+                else:
+                    for c in consumers:
+                        c.add(ps, qs)
+            if to_heldout:
+                stats.heldout_positions += int(p.shape[0])
+            else:
+                stats.positions += int(p.shape[0])
+            stats.sequences += 1
+            bar.update(int(p.shape[0]))
+    finally:
+        bar.close()
+    if stats.positions == 0:
+        raise CalibrationError("teacher-forced pass: no usable positions (empty calibration text, or no aligned "
+                               "token boundaries between the two tokenizers)")
+    if stats.skipped_sequences:
+        print(f"edgespec: warning: {stats.skipped_sequences} sequence(s) could not be aligned and were skipped",
+              file=sys.stderr)
+    return stats
+
+
+class AStarFeed:
+    """Adapter: feeds (p on the drafter's support, q') to an AStarAccumulator."""
+
+    def __init__(self, acc, index_map: np.ndarray):
+        self.acc = acc
+        self.has = np.asarray(index_map) >= 0
+        # several kept columns may map to one target id: fold them so each target id appears once
+        self.uniq, self.inv = np.unique(np.asarray(index_map)[self.has], return_inverse=True)
+        self.folded = self.uniq.size != int(self.has.sum())
+
+    def add(self, p: np.ndarray, q_cols: np.ndarray) -> None:
+        q = q_cols[:, self.has].astype(np.float64)
+        if self.folded:
+            q_t = np.zeros((q.shape[0], self.uniq.size), dtype=np.float64)
+            for j in range(q.shape[0]):
+                q_t[j] = np.bincount(self.inv, weights=q[j], minlength=self.uniq.size)
+            q = q_t
+        else:
+            q = q[:, np.argsort(self.inv)] if not np.all(np.diff(self.inv) > 0) else q
+        self.acc.add(p[:, self.uniq], q, p.sum(axis=1, dtype=np.float64))

@@ -1,0 +1,112 @@
+"""The teacher-forced part of a calibration: sequences -> (p, q') positions -> affinity M and a*.
+
+Calibration sequences per source, with the positions budget (--tf-positions) split by the mix weights:
+  target/drafter  the generated completions after their prompts (only generated tokens are positions);
+  raw             excerpts of the raw corpus (the first chunk of files drawn in a seeded order).
+Every 5th sequence is held out from M's estimate and used to report the acceptance sum min(p, d) of
+TLI, exact RDK with the new M and Taylor RDK with the prior (a quick check that M helps).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.calibrate.output import save_npz, write_json
+
+HELDOUT_TOP = 512
+
+
+def _sequences(cfg, models, source: str, gens: list, budget: int):
+    from edgespec.calibrate.teacher import ByteOffsets, aligned_sequence, same_tokenizer_sequence
+
+    same = models.same_tokenizer
+    offsets = None if same else (ByteOffsets(models.t_tok), ByteOffsets(models.d_tok))
+    if source in ("target", "drafter"):
+        for g in gens:
+            if same:
+                ids = np.concatenate([g.prompt_ids, g.ids])
+                yield same_tokenizer_sequence(ids, g.prompt_ids.size, cfg.tf_max_len)
+            else:
+                yield aligned_sequence(g.prompt_text + g.text, len(g.prompt_text.encode("utf-8")), *offsets,
+                                       max_len=cfg.tf_max_len)
+        return
+    from edgespec.calibrate.counts import expand_inputs
+    from edgespec.calibrate.run import sample_raw_texts
+
+    for text in sample_raw_texts(expand_inputs(cfg.data), 6 * cfg.tf_max_len, cfg.seed):
+        if same:
+            ids = np.asarray(models.d_tok.encode(text, add_special_tokens=True).ids, dtype=np.int64)
+            yield same_tokenizer_sequence(ids, 1, cfg.tf_max_len)
+        else:
+            yield aligned_sequence(text, 0, *offsets, max_len=cfg.tf_max_len)
+
+
+class _Heldout:
+    def __init__(self):
+        self.p: list[tuple[np.ndarray, np.ndarray]] = []
+        self.q: list[np.ndarray] = []
+
+    def __call__(self, p: np.ndarray, q: np.ndarray) -> None:
+        from edgespec.calibrate.priors import top_entries
+
+        idx, val = top_entries(p, HELDOUT_TOP)
+        for i in range(p.shape[0]):
+            self.p.append((idx[i], val[i].astype(np.float64)))
+            self.q.append(q[i].astype(np.float32))
+
+
+def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights: list[float], priors_dir: Path,
+                          prior: np.ndarray) -> dict:
+    from edgespec.calibrate.astar import AStarAccumulator
+    from edgespec.calibrate.priors import acceptance_on, make_estimator, save_affinity
+    from edgespec.calibrate.teacher import AStarFeed, run_pass
+
+    kept_ids = np.asarray(kept_ids, dtype=np.int64)
+    index_map = models.d2t[kept_ids]
+    consumers = []
+    estimator = astar = None
+    if cfg.affinity:
+        estimator = make_estimator(cfg.affinity, index_map, models.v_t)
+        consumers.append(estimator)
+    if cfg.a_star:
+        astar = AStarAccumulator()
+        consumers.append(AStarFeed(astar, index_map))
+    heldout = _Heldout() if estimator is not None else None
+    target_fn = models.target_logits()
+    drafter_fn, drafter_desc = models.drafter_logits(kept_ids)
+    totals = {"positions": 0, "heldout_positions": 0, "sequences": 0, "skipped_sequences": 0}
+    for source, w in zip(cfg.sources, weights):
+        budget = int(round(cfg.tf_positions * w))
+        if budget < 1:
+            continue
+        stats = run_pass(_sequences(cfg, models, source, gens.get(source) or [], budget), target_fn, drafter_fn,
+                         index_map, cfg.prior_temperature, consumers, budget, heldout=heldout,
+                         progress=cfg.progress)
+        for k in totals:
+            totals[k] += getattr(stats, k)
+    common = {"temperature": cfg.prior_temperature, "drafter_logits": drafter_desc, **totals,
+              "tf_max_len": cfg.tf_max_len, "sources": dict(zip(cfg.sources, weights))}
+    meta: dict = {}
+    if estimator is not None:
+        csr, info = estimator.build(cfg.affinity_topk, tau=cfg.affinity_tau)
+        shape = (int(kept_ids.size), int(models.v_t))
+        save_affinity(priors_dir / "affinity.npz", csr, shape)
+        info.update(common)
+        if heldout is not None and heldout.q:
+            with np.load(priors_dir / "affinity.npz", allow_pickle=False) as z:
+                stored = (z["data"].astype(np.float64), z["indices"], z["indptr"])
+            info["heldout_check"] = acceptance_on(heldout.p, heldout.q, index_map, models.v_t, stored, prior)
+        write_json(priors_dir / "affinity.json", info)
+        meta["affinity"] = {"file": "affinity.npz", **info}
+    if astar is not None:
+        if cfg.lam is not None:
+            lam, lam_src = float(cfg.lam), "given (--lambda)"
+        else:
+            lam, lam_src = models.measure_lambda()
+        res = astar.solve(lam)
+        res.update({"lambda_source": lam_src, **common})
+        write_json(priors_dir / "randomised.json", res)
+        meta["randomised"] = {"file": "randomised.json", "a_star": res["a_star"], "lambda": res["lambda"]}
+    return meta

@@ -1,0 +1,74 @@
+"""`edgespec export`: target + pruned drafter -> an ONNX bundle.
+
+Quantization hook (issue 7): if `edgespec.export.quantize` exists it may define
+  add_arguments(parser)              -> adds its --quantize* flags to this command
+  transform_from_args(args)          -> None, or a callable transform(bundle_root: Path) -> dict | None
+The transform runs inside the temporary bundle directory after the export-time checks and before
+the file hashes and weight statistics are computed, so quantized bundles stay atomic; the dict it
+returns is merged into the manifest (e.g. {"target": {"quantization": {...}}}).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+
+def _quantize_module():
+    try:
+        return importlib.import_module("edgespec.export.quantize")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("edgespec"):
+            return None
+        raise
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export", help="export a target and a vocabulary-pruned drafter into an ONNX bundle",
+        description="Export both models to ONNX (fp32, KV cache, via optimum) and prune the drafter's LM head to "
+                    "K kept tokens. A model SRC is a recipe name, an HF directory, a GGUF file or a hub id.")
+    p.add_argument("--pair", metavar="NAME", help="pair recipe (see `edgespec models list`); gives --target, "
+                                                   "--drafter and the default --keep")
+    p.add_argument("--target", metavar="SRC", help="target model source")
+    p.add_argument("--drafter", metavar="SRC", help="drafter model source")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--keep", type=int, metavar="K", help="keep the first K drafter tokens (plain fallback without "
+                                                         "calibration data; special tokens are always kept)")
+    g.add_argument("--vocab", metavar="VOCAB.json", help="kept vocabulary from `edgespec calibrate`")
+    p.add_argument("--out", metavar="DIR", help="bundle directory (default: bundles/<pair>)")
+    p.add_argument("--quiet", action="store_true", help="no progress messages")
+    q = _quantize_module()
+    if q is not None and hasattr(q, "add_arguments"):
+        q.add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from edgespec.errors import ExportError
+    from edgespec.models import get_pair
+
+    pair = None
+    target, drafter, keep = args.target, args.drafter, args.keep
+    if args.pair:
+        pair = get_pair(args.pair)
+        target = target or pair.target
+        drafter = drafter or pair.drafter
+        if keep is None and args.vocab is None:
+            keep = pair.keep
+    if not target or not drafter:
+        raise ExportError("give --pair NAME, or both --target SRC and --drafter SRC")
+    if keep is None and args.vocab is None:
+        raise ExportError("give --keep K or --vocab VOCAB.json")
+    out = args.out or (f"bundles/{pair.name}" if pair else None)
+    if not out:
+        raise ExportError("give --out DIR")
+    transform = None
+    q = _quantize_module()
+    if q is not None and hasattr(q, "transform_from_args"):
+        transform = q.transform_from_args(args)
+    from edgespec.export.bundle_writer import export_bundle
+
+    path = export_bundle(target, drafter, out, keep=keep, vocab=args.vocab, pair=pair.name if pair else None,
+                         progress=not args.quiet, transform=transform)
+    print(path)
+    return 0

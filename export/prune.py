@@ -1,0 +1,259 @@
+"""LM-head pruning of an exported drafter by ONNX graph edit.
+
+The node that produces `logits` is found structurally: walk back from the graph output through
+elementwise ops (softcapping, casts, scalar scales) to the MatMul/Gemm whose weight is an
+initializer, either directly (`MatMul(x, W[H,V])`, `Gemm(x, W, transB)`) or through a
+`Transpose(E[V,H])` (the tied head optimum writes when accelerate is installed). The weight is
+replaced by a new initializer holding only the kept columns, the `logits` dimension is fixed to K,
+and two int64 constant outputs are added: `index_map[K]` (kept column -> target id, -1 if none) and
+`draft_ids[K]` (kept column -> drafter id).
+
+Memory: the graph is loaded without its external data; only the head weight is read (through a
+memory map), and the other tensors are streamed one at a time into the new data file, so the
+edit never holds a second copy of the model's weights.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import ExportError
+
+HEAD_NAME = "edgespec.lm_head.weight"
+PASS_THROUGH = {"Mul", "Div", "Tanh", "Cast", "Identity", "Add", "Sub", "Softcap"}
+DATA_NAME = "model.onnx.data"
+ALIGN = 4096
+
+
+def _ext(tensor) -> dict:
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def _is_external(tensor) -> bool:
+    import onnx
+
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _np_dtype(tensor) -> np.dtype:
+    import onnx
+
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+
+
+def read_tensor(tensor, base_dir: Path) -> np.ndarray:
+    """A tensor's values; external data is memory-mapped (read-only), not loaded."""
+    from onnx import numpy_helper
+
+    if not _is_external(tensor):
+        return numpy_helper.to_array(tensor)
+    e = _ext(tensor)
+    offset = int(e.get("offset", 0))
+    dtype = _np_dtype(tensor)
+    shape = tuple(int(d) for d in tensor.dims)
+    return np.memmap(base_dir / e["location"], dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def find_head(graph) -> tuple:
+    """(matmul node, weight initializer, layout, transpose node or None, bias initializer or None, path nodes).
+
+    layout 'HV': logits = x @ W[H,V]; 'VH': logits = x @ E[V,H]^T (Transpose or Gemm transB=1)."""
+    producers = {o: n for n in graph.node for o in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    if "logits" not in producers:
+        raise ExportError("drafter graph has no node producing 'logits'")
+    node = producers["logits"]
+    path = []
+    for _ in range(16):
+        if node.op_type in ("MatMul", "Gemm"):
+            break
+        if node.op_type not in PASS_THROUGH:
+            raise ExportError(f"cannot find the LM head: 'logits' comes from {node.op_type} {node.name!r}")
+        path.append(node)
+        # follow the non-constant input
+        nxt = [i for i in node.input if i in producers and i not in inits]
+        if len(nxt) != 1:
+            raise ExportError(f"cannot find the LM head behind {node.op_type} {node.name!r}")
+        node = producers[nxt[0]]
+    else:
+        raise ExportError("cannot find the LM head: chain too long")
+    w_name = node.input[1]
+    bias = inits.get(node.input[2]) if node.op_type == "Gemm" and len(node.input) > 2 else None
+    if node.op_type == "Gemm":
+        attrs = {a.name: a for a in node.attribute}
+        if "transA" in attrs and attrs["transA"].i:
+            raise ExportError("LM head Gemm with transA is not supported")
+        trans_b = bool(attrs["transB"].i) if "transB" in attrs else False
+        if w_name not in inits:
+            raise ExportError("LM head Gemm weight is not an initializer")
+        return node, inits[w_name], "VH" if trans_b else "HV", None, bias, path
+    if w_name in inits:
+        return node, inits[w_name], "HV", None, None, path
+    tp = producers.get(w_name)
+    if tp is not None and tp.op_type == "Transpose" and tp.input[0] in inits:
+        perm = [a.ints for a in tp.attribute if a.name == "perm"]
+        if not perm or list(perm[0]) == [1, 0]:
+            return node, inits[tp.input[0]], "VH", tp, None, path
+    raise ExportError("cannot find the LM head weight: the logits MatMul's weight is neither an initializer "
+                      "nor a transposed initializer")
+
+
+def _consumers(graph, name: str) -> list:
+    return [n for n in graph.node if name in n.input]
+
+
+def prune_head(src: Path, dst_dir: Path, keep: np.ndarray, index_map: np.ndarray) -> dict:
+    """Write `dst_dir/model.onnx` (+ `model.onnx.data` if the source used external data): the graph of
+    `src` with its head restricted to the drafter ids `keep` and the constant outputs added.
+
+    Returns {"layout", "hidden", "vocab", "kept", "external_data", "head_shared_with_embedding"}."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    src = Path(src)
+    dst_dir = Path(dst_dir)
+    keep = np.asarray(keep, dtype=np.int64)
+    index_map = np.asarray(index_map, dtype=np.int64)
+    if keep.ndim != 1 or keep.size == 0 or keep.shape != index_map.shape:
+        raise ExportError("kept ids and index map must be non-empty 1-D arrays of the same length")
+    model = onnx.load(str(src), load_external_data=False)
+    graph = model.graph
+    mm, w_init, layout, tp, bias, path = find_head(graph)
+    w = read_tensor(w_init, src.parent)
+    if w.ndim != 2:
+        raise ExportError(f"LM head weight {w_init.name!r} is not 2-D: {w.shape}")
+    vocab = w.shape[1] if layout == "HV" else w.shape[0]
+    hidden = w.shape[0] if layout == "HV" else w.shape[1]
+    if keep.min() < 0 or keep.max() >= vocab:
+        raise ExportError(f"kept ids out of range for a head of {vocab} columns")
+    k = int(keep.size)
+    # New head [H, K] as a fresh initializer (a tied embedding stays untouched for the Gather).
+    new_w = np.ascontiguousarray(w[:, keep] if layout == "HV" else np.asarray(w[keep, :]).T)
+    del w
+    head = numpy_helper.from_array(new_w.astype(_np_dtype(w_init), copy=False), HEAD_NAME)
+    graph.initializer.append(head)
+    if mm.op_type == "Gemm":
+        # Re-express as Gemm(x, W'[H,K], bias[keep]) with transB=0.
+        for a in list(mm.attribute):
+            if a.name == "transB":
+                mm.attribute.remove(a)
+        mm.input[1] = HEAD_NAME
+        if bias is not None:
+            b = read_tensor(bias, src.parent)
+            nb = numpy_helper.from_array(np.ascontiguousarray(np.asarray(b)[keep]), HEAD_NAME + ".bias")
+            graph.initializer.append(nb)
+            mm.input[2] = nb.name
+    else:
+        mm.input[1] = HEAD_NAME
+    shared = False
+    if tp is not None and not _consumers(graph, tp.output[0]):
+        graph.node.remove(tp)
+    if not _consumers(graph, w_init.name):
+        graph.initializer.remove(w_init)
+    else:
+        shared = True
+    # Drop stale shapes on the head path and fix the logits output dimension.
+    stale = {mm.output[0], *[o for n in path for o in n.output]}
+    for vi in list(graph.value_info):
+        if vi.name in stale:
+            graph.value_info.remove(vi)
+    for out in graph.output:
+        if out.name == "logits":
+            dims = out.type.tensor_type.shape.dim
+            dims[len(dims) - 1].ClearField("dim_param")
+            dims[len(dims) - 1].dim_value = k
+    # Constant outputs.
+    for name, arr in (("index_map", index_map), ("draft_ids", keep)):
+        if any(o.name == name for o in graph.output):
+            raise ExportError(f"drafter graph already has an output named {name!r}")
+        graph.node.append(helper.make_node("Constant", [], [name], name=f"edgespec/{name}",
+                                           value=numpy_helper.from_array(arr.astype(np.int64), name + "_value")))
+        graph.output.append(helper.make_tensor_value_info(name, TensorProto.INT64, [k]))
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    from edgespec.export.onnx_export import all_tensors
+
+    external = any(_is_external(t) for t in all_tensors(model))
+    if external:
+        _stream_external(model, src.parent, dst_dir)
+    else:
+        onnx.save_model(model, str(dst_dir / "model.onnx"))
+    return {"layout": layout, "hidden": int(hidden), "vocab": int(vocab), "kept": k, "external_data": external,
+            "head_shared_with_embedding": shared, "head_initializer": w_init.name}
+
+
+def _stream_external(model, src_dir: Path, dst_dir: Path) -> None:
+    """Save `model` with every external tensor copied, one at a time, into dst_dir/model.onnx.data;
+    large inline tensors (the new head) go there too."""
+    import onnx
+
+    data_path = dst_dir / DATA_NAME
+    maps: dict[str, tuple] = {}
+    with open(data_path, "wb") as out:
+        def put(blob) -> tuple[int, int]:
+            pos = out.tell()
+            pad = (-pos) % ALIGN
+            if pad:
+                out.write(b"\0" * pad)
+                pos += pad
+            out.write(blob)
+            return pos, len(blob)
+
+        from edgespec.export.onnx_export import all_tensors
+
+        for t in all_tensors(model):
+            if _is_external(t):
+                e = _ext(t)
+                loc = e["location"]
+                if loc not in maps:
+                    f = open(src_dir / loc, "rb")
+                    maps[loc] = (f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+                mm = maps[loc][1]
+                off, length = int(e.get("offset", 0)), int(e["length"])
+                pos, n = put(mm[off:off + length])
+            elif t.HasField("raw_data") and len(t.raw_data) >= 1024:
+                pos, n = put(t.raw_data)
+                t.ClearField("raw_data")
+            else:
+                continue
+            del t.external_data[:]
+            for key, value in (("location", DATA_NAME), ("offset", str(pos)), ("length", str(n))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, value
+            t.data_location = onnx.TensorProto.EXTERNAL
+    for f, mm in maps.values():
+        mm.close()
+        f.close()
+    onnx.save_model(model, str(dst_dir / "model.onnx"))
+
+
+def weight_stats(onnx_path: Path) -> dict:
+    """Parameter count and bytes one decode forward reads, from the graph's initializers.
+
+    An initializer consumed only as the data input of Gather ops (an embedding table) counts one row;
+    everything else counts in full (a pruned head is already K columns wide)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    graph = model.graph
+    uses: dict[str, list] = {}
+    for n in graph.node:
+        for idx, i in enumerate(n.input):
+            uses.setdefault(i, []).append((n.op_type, idx))
+    params = 0
+    bytes_fwd = 0
+    for t in graph.initializer:
+        numel = int(np.prod([int(d) for d in t.dims])) if len(t.dims) else 1
+        itemsize = _np_dtype(t).itemsize
+        if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) or \
+                t.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4,
+                                onnx.TensorProto.UINT4):
+            params += numel if numel > 1 else 0
+        u = uses.get(t.name, [])
+        if u and len(t.dims) == 2 and all(op == "Gather" and idx == 0 for op, idx in u):
+            bytes_fwd += int(t.dims[1]) * itemsize
+        else:
+            bytes_fwd += numel * itemsize
+    return {"params": int(params), "bytes_per_forward": int(bytes_fwd)}

@@ -1,0 +1,362 @@
+"""Weight quantization of exported graphs with ONNX Runtime's own quantizers (no quantizer of ours).
+
+Schemes (`quantize_onnx(src, dst, scheme=...)`):
+  int4          `MatMulNBitsQuantizer`, 4-bit block-wise weights (MatMulNBits) for every MatMul with a
+                constant weight, the LM head included (a pruned drafter head too), and by default the
+                embedding Gather (GatherBlockQuantized, block-wise along the hidden axis).
+  int8          the same quantizer with bits=8: weight-only block-wise 8-bit MatMulNBits (the
+                embedding stays float: ORT's quantizer does 4-bit Gathers only).
+  int8-dynamic  `quantize_dynamic`: int8 weights (per output channel) and activations quantized on
+                the fly (DynamicQuantizeLinear + MatMulInteger, fused by ORT on CPU).
+
+`accuracy_level` is MatMulNBits' compute type on CPU: 0/None unset (fp32), 1 fp32, 2 fp16, 3 bf16,
+4 int8 activations. 4 is what makes a k-token verify cheap on x86 (see docs/quantization.md); the
+default for the CPU EP is therefore 4.
+
+Refusals (ExportError, one line): a model that is already quantized, a block size that a quantized
+dimension does not divide (naming the dimension), and a scheme whose kernels the chosen EP lacks
+(from ORT 1.31's kernel registry, docs/OperatorKernels.md; onnxruntime-gpu's own registry query
+segfaults on machines without CUDA, so it is a table here).
+
+Memory: the source graph is loaded whole (ORT's quantizer works on an in-memory ModelProto), so the
+peak is about twice the fp32 weights (1.4 GB for SmolLM2, ~14 GB for Qwen2.5-1.5B). Graphs over
+~1.8 GB, or whose source used external data, are written with external data `<name>.data`.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import ExportError
+
+SCHEMES = ("int4", "int8", "int8-dynamic")
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+DEFAULT_BLOCK_SIZE = 32
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+CPU_ACCURACY_LEVEL = 4
+EXTERNAL_THRESHOLD = 1800 * 1024**2   # protobuf's hard limit is 2 GiB; keep a margin
+TRANSPOSED_SUFFIX = ".edgespec_T"
+
+# Ops whose presence means a graph is already quantized.
+QUANT_OPS = {"MatMulNBits", "GatherBlockQuantized", "DynamicQuantizeLinear", "MatMulInteger",
+             "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QuantizeLinear", "DequantizeLinear",
+             "MatMulFpQ4", "MatMulBnb4", "QGemm", "QAttention", "QLinearMatMul", "QLinearConv",
+             "QLinearAdd", "QLinearMul", "QOrderedMatMul"}
+
+# The quantized-graph kernels each EP registers in ORT 1.31 (docs/OperatorKernels.md). CUDA's
+# MatMulInteger takes int8 activations only and it has no DynamicQuantizeLinear, so int8-dynamic
+# graphs do not run there. Compiling EPs (TensorRT, QNN, OpenVINO, CoreML, ...) register no kernels
+# for these com.microsoft ops: the nodes would silently fall back to CPU.
+EP_KERNELS = {
+    "CPUExecutionProvider": {"MatMulNBits", "GatherBlockQuantized", "DynamicQuantizeLinear", "MatMulInteger",
+                             "DynamicQuantizeMatMul", "MatMulIntegerToFloat"},
+    "CUDAExecutionProvider": {"MatMulNBits", "GatherBlockQuantized"},
+    "DmlExecutionProvider": {"MatMulNBits", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger"},
+}
+EP_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider",
+            "dml": "DmlExecutionProvider", "qnn": "QNNExecutionProvider", "openvino": "OpenVINOExecutionProvider",
+            "coreml": "CoreMLExecutionProvider", "rocm": "ROCMExecutionProvider"}
+
+
+# ----------------------------------------------------------------------------- validation
+
+def required_ops(scheme: str, embedding: bool = True) -> list[str]:
+    """The contrib/quantized ops a graph quantized with `scheme` needs its EP to implement."""
+    if scheme == "int4":
+        return ["MatMulNBits"] + (["GatherBlockQuantized"] if embedding else [])
+    if scheme == "int8":
+        return ["MatMulNBits"]
+    if scheme == "int8-dynamic":
+        return ["DynamicQuantizeLinear", "MatMulInteger"]
+    raise ExportError(f"unknown quantization scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
+
+
+def ep_provider(ep: str) -> str:
+    return EP_NAMES.get(ep.lower(), ep)
+
+
+def check_ep(scheme: str, ep: str = "cpu", embedding: bool = True) -> None:
+    """Refuse a scheme whose kernels `ep` lacks in ORT 1.31, naming the missing op."""
+    provider = ep_provider(ep)
+    have = EP_KERNELS.get(provider, set())
+    missing = [op for op in required_ops(scheme, embedding) if op not in have]
+    if not missing:
+        return
+    where = sorted(p.replace("ExecutionProvider", "") for p, ops in EP_KERNELS.items() if missing[0] in ops)
+    hint = " (or keep the embedding float: --no-quantize-embedding)" if missing == ["GatherBlockQuantized"] else ""
+    raise ExportError(f"--quantize {scheme} needs the {'/'.join(missing)} kernel, which the {ep} EP ({provider}) "
+                      f"lacks in ONNX Runtime 1.31; it exists on: {', '.join(where) or 'no EP'}{hint}")
+
+
+def check_accuracy_level(scheme: str, level: int | None) -> None:
+    if level is None:
+        return
+    if level not in ACCURACY_LEVELS:
+        raise ExportError(f"--accuracy-level must be one of {ACCURACY_LEVELS} (MatMulNBits compute type), got {level}")
+    if scheme == "int8-dynamic" and level:
+        raise ExportError("--accuracy-level applies to MatMulNBits (int4/int8), not to int8-dynamic")
+
+
+def already_quantized(model) -> list[str]:
+    """Reasons `model` (a ModelProto) is already quantized; empty if it is a float graph."""
+    import onnx
+
+    ops = sorted({n.op_type for n in model.graph.node if n.op_type in QUANT_OPS})
+    reasons = [f"{op} nodes" for op in ops]
+    low = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
+    qinits = [t.name for t in model.graph.initializer
+              if t.data_type in low and len(t.dims) >= 2 and int(np.prod(t.dims)) >= 256]
+    if qinits:
+        reasons.append(f"{len(qinits)} int8/int4 weight initializers (e.g. {qinits[0]!r})")
+    return reasons
+
+
+def quantizable_weights(model, embedding: bool) -> list[tuple[str, str, int, str]]:
+    """(node name, weight name, blocked dim size, which dim) for every weight the quantizer would block."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out = []
+    for n in model.graph.node:
+        if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2:
+            w = inits[n.input[1]]
+            out.append((n.name, w.name, int(w.dims[0]), f"K (input dim) of weight {list(w.dims)}"))
+        elif embedding and n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2:
+            w = inits[n.input[0]]
+            out.append((n.name, w.name, int(w.dims[1]), f"hidden dim of embedding {list(w.dims)}"))
+    return out
+
+
+def check_block_size(model, block_size: int, embedding: bool = True) -> None:
+    if block_size not in BLOCK_SIZES:
+        raise ExportError(f"--block-size must be one of {BLOCK_SIZES} (a power of two >= 16), got {block_size}")
+    weights = quantizable_weights(model, embedding)
+    if not weights:
+        raise ExportError("nothing to quantize: the graph has no MatMul with a constant 2-D weight")
+    for node, _, dim, what in weights:
+        if dim % block_size:
+            ok = [b for b in BLOCK_SIZES if all(d % b == 0 for _, _, d, _ in weights)]
+            raise ExportError(f"block size {block_size} does not divide {dim}, the {what} of node {node!r}; "
+                              f"block sizes that divide every quantized dimension: {ok or 'none'}")
+
+
+# ----------------------------------------------------------------------------- graph preparation
+
+def materialize_transposed_heads(model) -> int:
+    """A tied head is `MatMul(x, Transpose(E))`; ORT's quantizer only takes a constant MatMul weight,
+    so give such MatMuls a new initializer E^T (the embedding Gather keeps E). Returns the count."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    count = 0
+    for n in model.graph.node:
+        if n.op_type != "MatMul" or n.input[1] in inits:
+            continue
+        tp = producers.get(n.input[1])
+        if tp is None or tp.op_type != "Transpose" or tp.input[0] not in inits:
+            continue
+        perm = [list(a.ints) for a in tp.attribute if a.name == "perm"]
+        src = inits[tp.input[0]]
+        if len(src.dims) != 2 or (perm and perm[0] != [1, 0]):
+            continue
+        name = src.name + TRANSPOSED_SUFFIX
+        if name not in inits:
+            arr = np.ascontiguousarray(numpy_helper.to_array(src).T)
+            inits[name] = numpy_helper.from_array(arr, name)
+            model.graph.initializer.append(inits[name])
+        n.input[1] = name
+        count += 1
+    used = {i for node in model.graph.node for i in node.input}
+    for node in [nd for nd in model.graph.node if nd.op_type == "Transpose" and not any(o in used for o in nd.output)]:
+        if node.input[0] in inits:
+            model.graph.node.remove(node)
+    return count
+
+
+# ----------------------------------------------------------------------------- quantization
+
+def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4", block_size: int = DEFAULT_BLOCK_SIZE,
+                  accuracy_level: int | None = None, ep: str = "cpu", embedding: bool = True,
+                  symmetric: bool = False) -> dict:
+    """Quantize the float graph at `src_model_path` into `dst_model_path` (+ `<name>.data` when large).
+
+    Returns the record the manifest keeps under `quantization`."""
+    import onnx
+
+    src, dst = Path(src_model_path), Path(dst_model_path)
+    if scheme not in SCHEMES:
+        raise ExportError(f"unknown quantization scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
+    embedding = embedding and scheme == "int4"
+    check_accuracy_level(scheme, accuracy_level)
+    check_ep(scheme, ep, embedding)
+    if accuracy_level is None and scheme != "int8-dynamic" and ep_provider(ep) == "CPUExecutionProvider":
+        accuracy_level = CPU_ACCURACY_LEVEL
+    try:
+        model = onnx.load(str(src), load_external_data=True)
+    except Exception as exc:
+        raise ExportError(f"cannot read ONNX model {src}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
+    reasons = already_quantized(model)
+    if reasons:
+        raise ExportError(f"{src} is already quantized ({'; '.join(reasons)}); quantize the float export instead")
+    external_src = any(t.data_location == onnx.TensorProto.EXTERNAL for t in
+                       onnx.load(str(src), load_external_data=False).graph.initializer)
+    tied = materialize_transposed_heads(model)
+    if scheme != "int8-dynamic":
+        check_block_size(model, block_size, embedding)
+    else:
+        block_size = None
+        if not quantizable_weights(model, False):
+            raise ExportError("nothing to quantize: the graph has no MatMul with a constant 2-D weight")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    quiet = logging.getLogger("onnxruntime.quantization")
+    old, quiet.level = quiet.level, logging.ERROR
+    root_old = logging.getLogger().level
+    logging.getLogger().setLevel(logging.ERROR)
+    try:
+        if scheme == "int8-dynamic":
+            model = _quantize_dynamic(model, dst)
+        else:
+            model = _quantize_nbits(model, 4 if scheme == "int4" else 8, block_size, accuracy_level, embedding, symmetric)
+    finally:
+        quiet.level = old
+        logging.getLogger().setLevel(root_old)
+    ops = sorted({n.op_type for n in model.graph.node if n.op_type in QUANT_OPS})
+    external = _save(model, dst, force_external=external_src)
+    del model
+    return {"scheme": scheme, "method": _method(scheme), "bits": 4 if scheme == "int4" else 8,
+            "block_size": block_size, "accuracy_level": accuracy_level if scheme != "int8-dynamic" else None,
+            "symmetric": bool(symmetric) if scheme != "int8-dynamic" else True,
+            "embedding_quantized": bool(embedding), "tied_heads_materialized": tied,
+            "ops": ops, "ep": ep, "external_data": external, **_versions()}
+
+
+def _method(scheme: str) -> str:
+    return {"int4": "onnxruntime.quantization.MatMulNBitsQuantizer (RTN, bits=4)",
+            "int8": "onnxruntime.quantization.MatMulNBitsQuantizer (RTN, bits=8)",
+            "int8-dynamic": "onnxruntime.quantization.quantize_dynamic (QInt8, per-channel)"}[scheme]
+
+
+def _versions() -> dict:
+    import onnxruntime
+
+    return {"onnxruntime": onnxruntime.__version__}
+
+
+def _quantize_nbits(model, bits: int, block_size: int, accuracy_level: int | None, embedding: bool, symmetric: bool):
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    ops = ("MatMul", "Gather") if embedding else ("MatMul",)
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
+                             accuracy_level=accuracy_level or None, op_types_to_quantize=ops,
+                             quant_axes=(("MatMul", 0), ("Gather", 1)))
+    q.process()
+    return q.model.model
+
+
+def _quantize_dynamic(model, dst: Path):
+    """quantize_dynamic writes a file; run it into a scratch dir next to dst and load the result."""
+    import shutil
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tmp = Path(tempfile.mkdtemp(prefix=".qdyn-", dir=dst.parent))
+    try:
+        out = tmp / "model.onnx"
+        quantize_dynamic(model, out, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
+                         use_external_data_format=model.ByteSize() > EXTERNAL_THRESHOLD // 4,
+                         extra_options={"MatMulConstBOnly": True})
+        return onnx.load(str(out), load_external_data=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save(model, dst: Path, force_external: bool = False) -> bool:
+    """Write `dst` (+ `dst.name + '.data'` when large or when the source had external data)."""
+    import onnx
+
+    data = dst.with_name(dst.name + ".data")
+    data.unlink(missing_ok=True)
+    size = sum(len(t.raw_data) for t in model.graph.initializer)
+    external = force_external or size > EXTERNAL_THRESHOLD
+    if external:
+        onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data.name, size_threshold=1024)
+    else:
+        onnx.save_model(model, str(dst))
+    return external
+
+
+# ----------------------------------------------------------------------------- weight bytes
+
+GATHER_DATA_INPUTS = {"Gather": (0,), "GatherBlockQuantized": (0, 2, 3)}
+
+
+def stored_bytes(tensor) -> int:
+    """Bytes an initializer occupies as stored (packed int4 counts half a byte per value)."""
+    import onnx
+    from onnx import helper
+
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        ext = {e.key: e.value for e in tensor.external_data}
+        if "length" in ext:
+            return int(ext["length"])
+    if tensor.HasField("raw_data"):
+        return len(tensor.raw_data)
+    numel = int(np.prod([int(d) for d in tensor.dims])) if len(tensor.dims) else 1
+    if tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return (numel + 1) // 2
+    return numel * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+
+
+def weight_stats(onnx_path) -> dict:
+    """Parameters and the bytes one decode forward reads, for float and quantized graphs alike.
+
+    bytes_per_forward sums the stored size of every initializer, except that a table read only by
+    gathers (an embedding: Gather data, or GatherBlockQuantized data/scales/zero points) counts one
+    row, i.e. its size divided by the number of rows. A pruned head is already K columns wide.
+    params counts logical weights: float tensors, MatMulNBits B as K*N, GatherBlockQuantized data by
+    its logical shape, int8 MatMulInteger weights; not scales or zero points."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    uses: dict[str, list] = {}
+    for n in model.graph.node:
+        for idx, name in enumerate(n.input):
+            uses.setdefault(name, []).append((n, idx))
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    params = bytes_fwd = total = 0
+    for t in model.graph.initializer:
+        size = stored_bytes(t)
+        total += size
+        u = uses.get(t.name, [])
+        gathered = bool(u) and len(t.dims) >= 1 and all(idx in GATHER_DATA_INPUTS.get(n.op_type, ()) for n, idx in u)
+        bytes_fwd += size // int(t.dims[0]) if gathered and int(t.dims[0]) else size
+        params += _logical_params(t, u, floats)
+    return {"params": int(params), "bytes_per_forward": int(bytes_fwd), "initializer_bytes": int(total)}
+
+
+def _logical_params(t, uses, floats) -> int:
+    numel = int(np.prod([int(d) for d in t.dims])) if len(t.dims) else 1
+    roles = {(n.op_type, idx) for n, idx in uses}
+    if any(op == "MatMulNBits" and idx == 1 for op, idx in roles):
+        node = next(n for n, idx in uses if n.op_type == "MatMulNBits")
+        attrs = {a.name: a.i for a in node.attribute}
+        return int(attrs.get("K", 0)) * int(attrs.get("N", 0))
+    if any(idx >= 2 and op in ("MatMulNBits", "GatherBlockQuantized") for op, idx in roles):
+        return 0  # scales, zero points
+    if numel <= 1:
+        return 0
+    if t.data_type in floats or any(op == "GatherBlockQuantized" and idx == 0 for op, idx in roles):
+        return numel
+    if any(op in ("MatMulInteger", "DynamicQuantizeMatMul") and idx == 1 for op, idx in roles):
+        return numel
+    return 0
+
+
+def file_size(onnx_path) -> int:
+    p = Path(onnx_path)
+    data = p.with_name(p.name + ".data")
+    return p.stat().st_size + (data.stat().st_size if data.is_file() else 0)

@@ -1,0 +1,144 @@
+"""Per-generation records -> one summary per (strategy, draft_length), as in docs/report-schema.md.
+
+A record is one `generate` call: the prompt, the repeat, the configuration and its GenerationStats
+fields. Within a repeat a configuration is compared with `ar` on the prompts both completed, so a
+partial (interrupted) bench still compares like with like. Measured quantities are summarised per
+repeat, and the run reports their median over repeats (and [min, max] as the spread); the derived
+quantities (MBSU, realisation, bandwidth fraction) are computed from those reported medians, so a
+report is self-consistent: mbsu_time == tau / (c_time * draft_length + 1) holds for the printed values.
+"""
+from __future__ import annotations
+
+from edgespec.profile import mbsu as M
+
+# summarised per repeat, reported as the median over repeats with a [min, max] spread
+MEDIAN_FIELDS = ("acceptance_rate", "tau", "tokens_per_s", "speedup", "ttft_ms", "tpot_ms", "draft_step_ms",
+                 "target_decode_ms", "c_time", "bandwidth_gbs", "prefill_ms_per_token", "draft_ms_per_token",
+                 "verify_ms_per_token", "overhead_ms_per_token", "overhead_share")
+
+
+def _sum(recs, key) -> float:
+    return float(sum(r[key] for r in recs))
+
+
+def _pooled_median(recs, key) -> float | None:
+    return M.median(v for r in recs for v in r.get(key) or [])
+
+
+def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma: int, manifest: dict) -> dict:
+    """Summary of one configuration over one repeat's prompts (recs and ar_recs: the same prompts)."""
+    tokens, total = _sum(recs, "new_tokens"), _sum(recs, "total_ms")
+    ar_tokens, ar_total = _sum(ar_recs, "new_tokens"), _sum(ar_recs, "total_ms")
+    drafted, accepted = _sum(recs, "drafted"), _sum(recs, "accepted")
+    verify_fw = _sum(recs, "verify_forwards")
+    decode_tokens = tokens - _sum(recs, "prefill_tokens")
+    tps = 1e3 * tokens / total if total > 0 else None
+    ar_tps = 1e3 * ar_tokens / ar_total if ar_total > 0 else None
+    draft_step = _pooled_median(recs, "draft_ms_steps") if gamma else None
+    decode_ms = _pooled_median(ar_recs, "decode_ms_steps")
+    weight_bytes = M.weight_bytes_read(manifest, int(_sum(recs, "target_forwards")), int(_sum(recs, "draft_forwards")))
+    out = {
+        "prompts": len(recs), "new_tokens": int(tokens), "total_ms": total,
+        "ar_new_tokens": int(ar_tokens), "ar_total_ms": ar_total,
+        "drafted": int(drafted), "accepted": int(accepted), "verify_forwards": int(verify_fw),
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "tau": decode_tokens / verify_fw if verify_fw else None,
+        "tokens_per_s": tps,
+        "speedup": M.ratio(tps, ar_tps),
+        "ttft_ms": _sum(recs, "ttft_ms") / len(recs),
+        "tpot_ms": (total - _sum(recs, "ttft_ms")) / decode_tokens if decode_tokens > 0 else None,
+        "draft_step_ms": draft_step,
+        "target_decode_ms": decode_ms,
+        "c_time": M.c_time(draft_step, decode_ms) if gamma else None,
+        "bandwidth_gbs": weight_bytes / (total / 1e3) / 1e9 if weight_bytes and total > 0 else None,
+        "peak_rss_mb": max(r.get("peak_rss_mb") or 0.0 for r in recs),
+        "overhead_share": M.ratio(_sum(recs, "overhead_ms"), total - _sum(recs, "prefill_ms")),
+    }
+    for part in ("prefill", "draft", "verify", "overhead"):
+        out[f"{part}_ms_per_token"] = _sum(recs, f"{part}_ms") / tokens if tokens else None
+    return out
+
+
+def _by_repeat_and_prompt(records: list[dict], key: tuple) -> dict:
+    out: dict = {}
+    for r in records:
+        if (r["strategy"], r["draft_length"]) == key:
+            out.setdefault(r["repeat"], {})[r["prompt_id"]] = r
+    return out
+
+
+def _providers(recs: list[dict]) -> dict:
+    out: dict[str, list[str]] = {}
+    for r in recs:
+        for role, names in (r.get("providers") or {}).items():
+            for n in names:
+                if n not in out.setdefault(role, []):
+                    out[role].append(n)
+    return out
+
+
+def _category_summary(pairs: list[tuple[dict, dict]]) -> dict:
+    out: dict[str, dict] = {}
+    cats = sorted({rec["category"] for rec, _ in pairs})
+    for cat in cats:
+        sel = [(a, b) for a, b in pairs if a["category"] == cat]
+        recs, ars = [a for a, _ in sel], [b for _, b in sel]
+        s = repeat_summary(recs, ars, 0, {})
+        out[cat] = {"generations": len(sel), "acceptance_rate": s["acceptance_rate"], "tau": s["tau"],
+                    "tokens_per_s": s["tokens_per_s"], "speedup": s["speedup"]}
+    return out
+
+
+def summarise_config(records: list[dict], key: tuple, manifest: dict, stream_gbs: float | None) -> dict | None:
+    """The report's run entry for configuration key = (strategy, draft_length); None if nothing measured."""
+    strategy, gamma = key
+    mine, ar = _by_repeat_and_prompt(records, key), _by_repeat_and_prompt(records, ("ar", 0))
+    repeats, pairs = [], []
+    for rep in sorted(mine):
+        common = [pid for pid in mine[rep] if pid in ar.get(rep, {})]
+        if not common:
+            continue
+        recs = [mine[rep][p] for p in common]
+        ars = [ar[rep][p] for p in common]
+        repeats.append({"repeat": rep, **repeat_summary(recs, ars, gamma, manifest)})
+        pairs.extend(zip(recs, ars))
+    if not repeats:
+        return None
+    run = {"strategy": strategy, "draft_length": gamma, "repeats_measured": len(repeats),
+           "prompts": max(r["prompts"] for r in repeats)}
+    for f in MEDIAN_FIELDS:
+        run[f] = M.median(r[f] for r in repeats)
+    run["peak_rss_mb"] = max(r["peak_rss_mb"] for r in repeats)
+    run.update(derived(run, manifest, stream_gbs))
+    run["spread"] = {f: _min_max([r[f] for r in repeats]) for f in MEDIAN_FIELDS}
+    run["providers"] = _providers([p[0] for p in pairs])
+    run["drafter_resyncs"] = int(sum(p[0].get("drafter_resyncs", 0) for p in pairs))
+    run["by_category"] = _category_summary(pairs)
+    run["repeats"] = repeats
+    return run
+
+
+def derived(run: dict, manifest: dict, stream_gbs: float | None) -> dict:
+    """c, MBSU, realisation and bandwidth fraction from a run's reported (median) values."""
+    gamma, tau = run["draft_length"], run["tau"]
+    if gamma == 0:
+        c = {"c_params": None, "c_bytes": None}
+    else:
+        c = {"c_params": M.c_params(manifest), "c_bytes": M.c_bytes(manifest)}
+    out = dict(c)
+    out["mbsu_params"] = M.mbsu(tau, c["c_params"], gamma)
+    out["mbsu_bytes"] = M.mbsu(tau, c["c_bytes"], gamma)
+    out["mbsu_time"] = M.mbsu(tau, run["c_time"], gamma)
+    out["realisation"] = M.ratio(run["speedup"], out["mbsu_time"])
+    out["bandwidth_fraction"] = M.ratio(run["bandwidth_gbs"], stream_gbs)
+    return out
+
+
+def _min_max(values: list) -> list | None:
+    vals = [v for v in values if v is not None]
+    return [min(vals), max(vals)] if vals else None
+
+
+def summarise(records: list[dict], configs: list[tuple], manifest: dict, stream_gbs: float | None) -> list[dict]:
+    runs = [summarise_config(records, key, manifest, stream_gbs) for key in configs]
+    return [r for r in runs if r is not None]

@@ -1,0 +1,271 @@
+"""`edgespec bench`: measured speedup and MBSU per (strategy, draft length) on one execution provider.
+
+Procedure (torch-free):
+1. check the settings and that the report directory is writable; load and filter the prompts
+   (`edgespec.calibrate.prompts`: HumanEval or Spec-Bench-style jsonl, deterministic calib/test split);
+2. load the bundle and create ONE target session and ONE drafter session; every configuration
+   (ar, and each strategy x draft length) is a decoder sharing them (`decoder_family`), so memory does
+   not grow with the number of configurations and all see the same sessions;
+3. a NumPy stream-read test gives this machine's read bandwidth;
+4. warm-up: one short generation per configuration (not recorded);
+5. measure: for each repeat, for each prompt, every configuration in turn (ar first), so machine drift
+   hits them alike; each generation's stats become a record; tqdm shows progress and the ETA;
+6. summarise (aggregate.py) and write report.json, report.md and the plots (report.py).
+Ctrl-C during step 5 stops measuring; what was measured is summarised and written with "partial": true.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from edgespec.profile.errors import BenchError
+
+RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms", "draft_ms",
+                "verify_ms", "overhead_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted",
+                "accepted", "drafter_resyncs", "drafter_fallback_steps", "stop_reason", "providers", "fallbacks")
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class BenchSettings:
+    bundle: Path
+    report: Path
+    prompts: str = "humaneval"
+    split: str = "test"
+    categories: list[str] | None = None
+    limit: int | None = None
+    strategies: list[str] = field(default_factory=lambda: ["ar", "tli"])
+    draft_lengths: list[int] = field(default_factory=lambda: [1, 2, 4])
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    ep: str = "cpu"
+    draft_ep: str | None = None
+    threads: int | None = None
+    draft_threads: int | None = None
+    repeats: int = 3
+    warmup: bool = True
+    chat: bool = False
+    options: dict = field(default_factory=dict)
+    bandwidth_mb: int = 256
+    verify: str = "fast"
+    progress: bool = True
+    command: str = ""
+
+    def configs(self) -> list[tuple[str, int]]:
+        """(strategy, draft_length) in measuring order: ar first, then each strategy x draft length."""
+        out = [("ar", 0)]
+        for s in self.strategies:
+            if s != "ar":
+                out.extend((s, int(g)) for g in self.draft_lengths)
+        return out
+
+
+# --------------------------------------------------------------------------- checks
+
+def check_settings(s: BenchSettings) -> None:
+    if not s.strategies:
+        raise BenchError("give at least one strategy (--strategies ar,tli,...)")
+    if len(set(s.strategies)) != len(s.strategies):
+        raise BenchError(f"--strategies lists a strategy twice: {','.join(s.strategies)}")
+    if any(st != "ar" for st in s.strategies):
+        if not s.draft_lengths or any(isinstance(g, bool) or int(g) != g or g < 1 for g in s.draft_lengths):
+            raise BenchError(f"--draft-length needs integers >= 1, got {s.draft_lengths}")
+    for name, value, low in (("--repeats", s.repeats, 1), ("--max-new-tokens", s.max_new_tokens, 1)):
+        if isinstance(value, bool) or int(value) != value or value < low:
+            raise BenchError(f"{name} must be an integer >= {low}, got {value!r}")
+    if not (s.temperature >= 0):
+        raise BenchError(f"--temperature must be >= 0, got {s.temperature}")
+    if s.limit is not None and s.limit < 1:
+        raise BenchError(f"--limit must be >= 1, got {s.limit}")
+
+
+def check_report_dir(path: Path) -> Path:
+    """Create the report directory and prove it writable (before any model is loaded)."""
+    path = Path(path).expanduser()
+    probe = path / f".edgespec-write-test-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise BenchError(f"report directory {path} is not writable ({exc.strerror or exc})") from None
+    return path
+
+
+def select_prompts(s: BenchSettings) -> list:
+    """The prompts of the chosen split and categories, non-empty ones only, at most `limit`."""
+    from edgespec.calibrate.prompts import SPLITS, load_prompts
+
+    if s.split not in SPLITS:
+        raise BenchError(f"unknown split {s.split!r}; use one of {', '.join(SPLITS)}")
+    prompts = load_prompts(s.prompts, s.split)
+    if s.categories:
+        have = sorted({p.category for p in prompts})
+        unknown = [c for c in s.categories if c not in have]
+        if unknown:
+            raise BenchError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(repr, unknown))} "
+                             f"in {s.prompts} (split {s.split}); it has: {', '.join(have)}")
+        prompts = [p for p in prompts if p.category in s.categories]
+    usable = [p for p in prompts if p.text and p.text.strip()]
+    if not usable:
+        raise BenchError(f"no usable prompts in {s.prompts} (split {s.split}): every prompt text is empty")
+    return usable[: s.limit] if s.limit else usable
+
+
+# --------------------------------------------------------------------------- decoders sharing sessions
+
+def _variant(base, strategy: str, gamma: int, options: dict):
+    """A decoder for (strategy, gamma) sharing `base`'s ORT sessions and KV runners.
+
+    Safe because generations run one at a time and every generation resets both runners. Mirrors what
+    SpeculativeDecoder.__init__ sets per strategy (runtime/decoder.py); a test checks that a variant
+    decodes exactly like a freshly constructed decoder."""
+    from edgespec.runtime.strategies import get_strategy
+
+    strat = get_strategy(strategy)
+    if strat.check:
+        strat.check(base.bundle, options)
+    dec = copy.copy(base)
+    dec.strategy = strat
+    dec.draft_length = int(gamma) if strat.uses_drafter else 0
+    dec.options = dict(options)
+    if not strat.uses_drafter:
+        dec.drafter, dec.drafter_session_info = None, None
+    dec.state = strat.prepare(base.bundle, dec.options)
+    v = base.bundle.target.vocab_size
+    dec.q_rows = np.zeros((dec.draft_length + 1, v), dtype=np.float64)
+    dec.p_rows = np.zeros((dec.draft_length + 1, v), dtype=np.float64)
+    dec.last_result, dec._generation = None, 0
+    return dec
+
+
+def decoder_family(bundle, configs: list[tuple[str, int]], s: BenchSettings) -> dict:
+    """{(strategy, gamma): decoder}, all sharing one target and (if any strategy drafts) one drafter session.
+    Every strategy is checked against the bundle here, before anything is measured."""
+    from edgespec.runtime.decoder import SpeculativeDecoder
+    from edgespec.runtime.strategies import get_strategy
+
+    drafting = [(st, g) for st, g in configs if get_strategy(st).uses_drafter]
+    first = drafting[0] if drafting else ("ar", 0)
+    base = SpeculativeDecoder(bundle, strategy=first[0], draft_length=max(first[1], 1), ep=s.ep, draft_ep=s.draft_ep,
+                              threads=s.threads, draft_threads=s.draft_threads, **s.options)
+    return {key: (base if key == first else _variant(base, key[0], key[1], s.options)) for key in configs}
+
+
+# --------------------------------------------------------------------------- measuring
+
+def encode_prompts(dec, prompts: list, s: BenchSettings) -> tuple[list, list]:
+    """[(prompt, target ids)] that fit the context with max_new_tokens, and the ids of those that do not."""
+    limit = dec.target.max_position
+    kept, skipped = [], []
+    for p in prompts:
+        ids = dec.encode_prompt(p.text, chat=s.chat)
+        if limit and len(ids) + s.max_new_tokens > limit:
+            skipped.append(p.id)
+        else:
+            kept.append((p, ids))
+    if not kept:
+        raise BenchError(f"no usable prompts: all {len(prompts)} exceed the context length {limit} with "
+                         f"--max-new-tokens {s.max_new_tokens}")
+    return kept, skipped
+
+
+def _generate(dec, ids, s: BenchSettings, max_new: int, seed: int | None):
+    return dec.generate(ids, max_new_tokens=max_new, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                        seed=seed)
+
+
+def record(stats, repeat: int, prompt, key: tuple, rss_mb: float) -> dict:
+    d = stats.to_dict()
+    rec = {"repeat": repeat, "prompt_id": prompt.id, "category": prompt.category, "strategy": key[0],
+           "draft_length": key[1], **{k: d[k] for k in RECORD_STATS}, "peak_rss_mb": rss_mb}
+    rec["draft_ms_steps"] = list(d.get("draft_ms_steps") or [])
+    rec["decode_ms_steps"] = list((d.get("verify_ms_by_k") or {}).get("1", []))
+    return rec
+
+
+def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dict], None] | None = None):
+    """Interleaved measurement. Returns (records, partial); Ctrl-C ends it early with partial=True."""
+    from tqdm import tqdm
+
+    from edgespec.profile.machine import peak_rss_mb, reset_peak_rss
+
+    keys = list(decoders)
+    bar = tqdm(total=s.repeats * len(encoded) * len(keys), desc="bench", unit="gen", disable=not s.progress,
+               dynamic_ncols=True, file=sys.stderr)
+    records: list[dict] = []
+    try:
+        for rep in range(s.repeats):
+            for i, (prompt, ids) in enumerate(encoded):
+                seed = None if s.temperature == 0 else s.seed + 100_003 * rep + i
+                for key in keys:
+                    bar.set_postfix_str(f"rep {rep + 1} {prompt.id} {key[0]} g={key[1]}", refresh=False)
+                    reset_peak_rss()
+                    res = _generate(decoders[key], ids, s, s.max_new_tokens, seed)
+                    records.append(record(res.stats, rep, prompt, key, peak_rss_mb()))
+                    bar.update(1)
+                    if hook is not None:
+                        hook(records[-1])
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"edgespec: interrupted: writing the {len(records)} generation(s) measured so far (partial)",
+              file=sys.stderr)
+        return records, True
+    bar.close()
+    return records, False
+
+
+def warm_up(decoders: dict, ids: list[int], s: BenchSettings) -> None:
+    for dec in decoders.values():
+        _generate(dec, ids, s, min(WARMUP_TOKENS, s.max_new_tokens), s.seed)
+
+
+def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> dict:
+    """Run the whole benchmark and write the report; returns the report document."""
+    from edgespec.profile import report as R
+    from edgespec.profile.aggregate import summarise
+    from edgespec.profile.machine import read_bandwidth
+    from edgespec.runtime.bundle import Bundle
+
+    t0 = time.time()
+    check_settings(s)
+    out = check_report_dir(s.report)
+    prompts = select_prompts(s)
+    bundle = Bundle.load(s.bundle, verify=s.verify)
+    configs = s.configs()
+    decoders = decoder_family(bundle, configs, s)
+    encoded, skipped = encode_prompts(decoders[("ar", 0)], prompts, s)
+    if skipped:
+        print(f"edgespec: warning: {len(skipped)} prompt(s) skipped (prompt + max_new_tokens over the context)",
+              file=sys.stderr)
+    bandwidth = read_bandwidth(s.bandwidth_mb)
+    if s.warmup:
+        warm_up(decoders, encoded[0][1], s)
+    records, partial = measure(decoders, encoded, s, hook)
+    gbs = bandwidth["gbs"] if bandwidth else None
+    runs = summarise(records, configs, bundle.manifest, gbs)
+    doc = R.build_report(s, bundle, runs, records, bandwidth, partial, [p.id for p, _ in encoded], skipped,
+                         time.time() - t0)
+    R.write_report(doc, out, progress=s.progress)
+    return doc
+
+
+def manifest_sha256(bundle_dir: Path) -> str:
+    return hashlib.sha256((Path(bundle_dir) / "manifest.json").read_bytes()).hexdigest()
+
+
+def settings_dict(s: BenchSettings) -> dict:
+    d = asdict(s)
+    d["bundle"], d["report"] = str(s.bundle), str(s.report)
+    return d

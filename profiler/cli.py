@@ -1,0 +1,137 @@
+"""`edgespec bench`, `edgespec study acceptance` and `edgespec demo`."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+BENCH_EPILOG = """\
+outputs in REPORT/: report.json (schema: docs/report-schema.md), report.md, speedup_mbsu.png,
+acceptance_by_category.png. Ctrl-C writes what was measured so far, marked "partial": true.
+
+examples:
+  edgespec bench --bundle bundles/qwen-coder --prompts humaneval --split test --limit 20 \\
+      --strategies ar,tli --draft-length 2,4,6 --max-new-tokens 128 --repeats 3 --report out/bench
+  edgespec bench --bundle B --prompts spec_bench.jsonl --category coding,math --strategies ar,tli,rdk-taylor \\
+      --draft-length 1,2,4 --ep cuda --draft-ep cpu --report out/cuda
+"""
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(t) for t in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _options(items: list[str] | None) -> dict:
+    from edgespec.profile.errors import BenchError
+
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BenchError(f"--strategy-option expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _command() -> str:
+    return "edgespec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+# --------------------------------------------------------------------------- bench
+
+def register_bench(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="measure speedup, acceptance and MBSU per strategy and draft length",
+                              description="Benchmark a bundle: ar against each (strategy, draft length), interleaved "
+                                          "per prompt, on one execution provider.",
+                              epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", type=Path, required=True, help="bundle directory")
+    p.add_argument("--prompts", default="humaneval", help="humaneval or FILE.jsonl (Spec-Bench or HumanEval layout)")
+    p.add_argument("--split", default="test", help="calib, test or all (default test: never the calibration prompts)")
+    p.add_argument("--category", type=_csv, help="comma-separated categories to keep (default all)")
+    p.add_argument("--limit", type=int, help="at most this many prompts")
+    p.add_argument("--strategies", type=_csv, default=["ar", "tli"], help="comma-separated (default ar,tli); "
+                                                                           "ar is always measured")
+    p.add_argument("--draft-length", type=_int_list, default=[1, 2, 4], help="comma-separated γ (default 1,2,4)")
+    p.add_argument("--strategy-option", action="append", metavar="KEY=VALUE",
+                   help="strategy option passed to every decoder, e.g. rdk_beta=2 (repeatable)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chat", action="store_true", help="wrap prompts in the bundle's chat template")
+    p.add_argument("--ep", default="cpu", help="execution provider (cpu, cuda, tensorrt, dml, qnn, openvino, ...)")
+    p.add_argument("--draft-ep", help="drafter's execution provider (default: --ep)")
+    p.add_argument("--threads", type=int, help="ORT intra-op threads (default: the runtime's)")
+    p.add_argument("--draft-threads", type=int, help="drafter's intra-op threads (default: --threads)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generations")
+    p.add_argument("--bandwidth-mb", type=int, default=256, help="stream-test array size in MiB (0: skip)")
+    p.add_argument("--verify", choices=["full", "fast", "none"], default="fast", help="bundle hash check (default fast)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--report", type=Path, required=True, metavar="OUT", help="report directory")
+    p.set_defaults(func=run_bench)
+
+
+def bench_settings(args):
+    from edgespec.profile.bench import BenchSettings
+
+    return BenchSettings(
+        bundle=args.bundle, report=args.report, prompts=args.prompts, split=args.split, categories=args.category,
+        limit=args.limit, strategies=args.strategies, draft_lengths=args.draft_length,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=args.seed, ep=args.ep, draft_ep=args.draft_ep, threads=args.threads, draft_threads=args.draft_threads,
+        repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, options=_options(args.strategy_option),
+        bandwidth_mb=args.bandwidth_mb, verify=args.verify, progress=not args.quiet, command=_command())
+
+
+def run_bench(args) -> int:
+    from edgespec.profile.bench import run_bench as bench
+    from edgespec.profile.report import table
+
+    doc = bench(bench_settings(args))
+    print(table(doc))
+    print(f"\nreport: {Path(args.report) / 'report.md'}")
+    return 130 if doc["partial"] else 0
+
+
+# --------------------------------------------------------------------------- study
+
+def register_study(subparsers) -> None:
+    p = subparsers.add_parser("study", help="offline studies (acceptance recovery under vocabulary pruning)")
+    sub = p.add_subparsers(dest="study", metavar="STUDY", required=True)
+    from edgespec.profile.study_cli import register_acceptance
+
+    register_acceptance(sub, _csv, _float_list, _command)
+
+
+# --------------------------------------------------------------------------- demo
+
+def register_demo(subparsers) -> None:
+    from edgespec.profile.demo import register_demo as reg
+
+    reg(subparsers, _csv, _int_list)
+
+
+def register(subparsers) -> None:
+    register_bench(subparsers)
+    register_study(subparsers)
+    register_demo(subparsers)

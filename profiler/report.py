@@ -1,0 +1,221 @@
+"""The bench report: report.json (schema in docs/report-schema.md), report.md and PNG plots."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+from pathlib import Path
+
+FORMAT = "edgespec-bench-report"
+SCHEMA_VERSION = 1
+PLOT_SPEEDUP = "speedup_mbsu.png"
+PLOT_CATEGORY = "acceptance_by_category.png"
+GENERATION_FIELDS = ("repeat", "prompt_id", "category", "strategy", "draft_length", "new_tokens", "prompt_tokens",
+                     "total_ms", "ttft_ms", "prefill_ms", "draft_ms", "verify_ms", "overhead_ms", "target_forwards",
+                     "verify_forwards", "draft_forwards", "drafted", "accepted", "drafter_resyncs", "stop_reason",
+                     "peak_rss_mb")
+
+
+def bundle_summary(bundle) -> dict:
+    from edgespec.profile import mbsu as M
+    from edgespec.profile.bench import manifest_sha256
+
+    m = bundle.manifest
+
+    def side(name: str) -> dict:
+        info = m.get(name, {})
+        keys = ("arch", "vocab_size", "params", "graph_params", "params_pruned", "bytes_per_forward", "dtype",
+                "quantization", "kept")
+        return {k: info.get(k) for k in keys if k in info} | {"source": (info.get("source") or {}).get("name")}
+
+    v = m.get("vocab", {})
+    return {"path": str(bundle.path), "pair": m.get("pair"), "manifest_sha256": manifest_sha256(bundle.path),
+            "edgespec_version": m.get("edgespec_version"), "same_tokenizer": bundle.same_tokenizer,
+            "kept": bundle.kept, "target": side("target"), "drafter": side("drafter"),
+            "vocab": {"policy": (v.get("provenance") or {}).get("policy"), "intersection": v.get("intersection"),
+                      "prior": bool(v.get("prior")), "affinity": bool(v.get("affinity")),
+                      "randomised": bool(v.get("randomised"))},
+            "c_params": M.c_params(m), "c_bytes": M.c_bytes(m)}
+
+
+def build_report(settings, bundle, runs, records, bandwidth, partial, used, skipped, elapsed_s) -> dict:
+    from edgespec.profile.bench import settings_dict
+    from edgespec.profile.machine import machine_info, versions
+
+    machine = machine_info()
+    machine["stream_read_gbs"] = bandwidth["gbs"] if bandwidth else None
+    machine["bandwidth_test"] = bandwidth
+    sett = settings_dict(settings)
+    sett.update({"configurations": [list(k) for k in settings.configs()], "prompts_used": used,
+                 "prompts_skipped": skipped})
+    return {
+        "format": FORMAT, "schema_version": SCHEMA_VERSION, "partial": bool(partial),
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "elapsed_s": round(float(elapsed_s), 3),
+        "machine": machine, "versions": versions(), "bundle": bundle_summary(bundle), "settings": sett,
+        "runs": runs,
+        "generations": [{k: r.get(k) for k in GENERATION_FIELDS} for r in records],
+    }
+
+
+# --------------------------------------------------------------------------- writing
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_report(doc: dict, out: Path, progress: bool = True) -> dict:
+    """Write report.json, report.md and the plots into `out`; returns {name: path}."""
+    out = Path(out)
+    paths = {"json": out / "report.json", "md": out / "report.md"}
+    doc["plots"] = plot_report(doc, out)
+    _atomic_write(paths["json"], json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+    _atomic_write(paths["md"], markdown(doc))
+    if progress:
+        print(f"edgespec: wrote {paths['json']} and {paths['md']}" +
+              (f" (+ {', '.join(doc['plots'])})" if doc["plots"] else ""), file=sys.stderr)
+    return paths
+
+
+def _fmt(v, spec: str = ".3f") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, (int, float)):
+        return format(v, spec)
+    return str(v)
+
+
+def table(doc: dict) -> str:
+    """The key-results table (markdown)."""
+    head = ("| strategy | γ | acceptance | τ | tok/s | speedup | TTFT ms | TPOT ms | c_params | c_bytes | c_time "
+            "| MBSU params | MBSU bytes | MBSU time | realisation | GB/s | of stream |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in doc["runs"]:
+        lines.append("| " + " | ".join([
+            r["strategy"], str(r["draft_length"]), _fmt(r["acceptance_rate"]), _fmt(r["tau"], ".2f"),
+            _fmt(r["tokens_per_s"], ".2f"), _fmt(r["speedup"], ".2f"), _fmt(r["ttft_ms"], ".0f"),
+            _fmt(r["tpot_ms"], ".1f"), _fmt(r["c_params"]), _fmt(r["c_bytes"]), _fmt(r["c_time"]),
+            _fmt(r["mbsu_params"], ".2f"), _fmt(r["mbsu_bytes"], ".2f"), _fmt(r["mbsu_time"], ".2f"),
+            _fmt(r["realisation"], ".2f"), _fmt(r["bandwidth_gbs"], ".2f"), _fmt(r["bandwidth_fraction"], ".2f"),
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def _breakdown_table(doc: dict) -> str:
+    head = ("| strategy | γ | prefill ms/tok | draft ms/tok | verify ms/tok | overhead ms/tok | overhead share "
+            "| draft step ms | target decode ms | speedup [min, max] | peak RSS MB | resyncs |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in doc["runs"]:
+        sp = r["spread"].get("speedup") or [None, None]
+        lines.append("| " + " | ".join([
+            r["strategy"], str(r["draft_length"]), _fmt(r["prefill_ms_per_token"], ".1f"),
+            _fmt(r["draft_ms_per_token"], ".1f"), _fmt(r["verify_ms_per_token"], ".1f"),
+            _fmt(r["overhead_ms_per_token"], ".2f"), _fmt(r["overhead_share"]), _fmt(r["draft_step_ms"], ".2f"),
+            _fmt(r["target_decode_ms"], ".2f"), f"[{_fmt(sp[0], '.2f')}, {_fmt(sp[1], '.2f')}]",
+            _fmt(r["peak_rss_mb"], ".0f"), str(r["drafter_resyncs"]),
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def _category_table(doc: dict) -> str:
+    cats = sorted({c for r in doc["runs"] for c in r["by_category"]})
+    runs = [r for r in doc["runs"] if r["draft_length"]]
+    if not cats or not runs:
+        return ""
+    head = "| strategy | γ | " + " | ".join(cats) + " |"
+    lines = [head, "|" + "---|" * (len(cats) + 2)]
+    for r in runs:
+        vals = [_fmt((r["by_category"].get(c) or {}).get("acceptance_rate")) for c in cats]
+        lines.append(f"| {r['strategy']} | {r['draft_length']} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def markdown(doc: dict) -> str:
+    s, b, m = doc["settings"], doc["bundle"], doc["machine"]
+    providers = sorted({f"{role}: {', '.join(p)}" for r in doc["runs"] for role, p in r["providers"].items()})
+    parts = [
+        "# edgespec bench report" + (" (PARTIAL: interrupted)" if doc["partial"] else ""), "",
+        f"- bundle: `{b['path']}` (pair {b['pair']}, K = {b['kept']}, manifest sha256 {b['manifest_sha256'][:16]}…)",
+        f"- prompts: {s['prompts']} split {s['split']}, {len(s['prompts_used'])} prompt(s) × {s['repeats']} repeat(s), "
+        f"max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}",
+        f"- EP: {s['ep']}" + (f", drafter EP {s['draft_ep']}" if s.get("draft_ep") else "") +
+        f"; providers used: {'; '.join(providers) or '-'}",
+        f"- machine: {m['cpu']}, {m['cores']} cores; stream read bandwidth {_fmt(m['stream_read_gbs'], '.2f')} GB/s",
+        f"- command: `{s.get('command') or '-'}`", "",
+        "Medians over repeats. speedup = ar's time per token ÷ this run's, on the same prompts; "
+        "MBSU = τ/(c·γ+1); realisation = speedup ÷ MBSU(c_time); GB/s = weight bytes read per token × tok/s.", "",
+        table(doc), "", "## Where the time goes", "", _breakdown_table(doc), "",
+    ]
+    cat = _category_table(doc)
+    if cat:
+        parts += ["## Acceptance by category", "", cat, ""]
+    if doc.get("plots"):
+        parts += ["## Plots", ""] + [f"![{p}]({p})" for p in doc["plots"]] + [""]
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- plots
+
+def plot_report(doc: dict, out: Path) -> list[str]:
+    """PNG plots (file names relative to `out`); none when matplotlib is missing or nothing drafted."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("edgespec: warning: matplotlib is not installed (pip install 'edgespec[bench]'): no plots",
+              file=sys.stderr)
+        return []
+    runs = [r for r in doc["runs"] if r["draft_length"]]
+    if not runs:
+        return []
+    names = [_plot_speedup(plt, runs, out)]
+    if any(r["by_category"] for r in runs):
+        names.append(_plot_categories(plt, runs, out))
+    return names
+
+
+def _plot_speedup(plt, runs: list[dict], out: Path) -> str:
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for strategy in dict.fromkeys(r["strategy"] for r in runs):
+        rs = sorted((r for r in runs if r["strategy"] == strategy), key=lambda r: r["draft_length"])
+        g = [r["draft_length"] for r in rs]
+        line, = ax1.plot(g, [r["speedup"] for r in rs], "o-", label=strategy)
+        for key, style, lab in (("mbsu_time", "o-", "c_time"), ("mbsu_bytes", "s--", "c_bytes"),
+                                ("mbsu_params", "^:", "c_params")):
+            ys = [r[key] for r in rs]
+            if any(y is not None for y in ys):
+                ax2.plot(g, [float("nan") if y is None else y for y in ys], style, color=line.get_color(),
+                         label=f"{strategy} ({lab})")
+    for ax, title in ((ax1, "measured speedup over ar"), (ax2, "MBSU = τ/(cγ+1)")):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel("draft length γ")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / PLOT_SPEEDUP, dpi=110)
+    plt.close(fig)
+    return PLOT_SPEEDUP
+
+
+def _plot_categories(plt, runs: list[dict], out: Path) -> str:
+    cats = sorted({c for r in runs for c in r["by_category"]})
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(cats) * max(1, len(runs)) / 3), 4))
+    width = 0.8 / len(runs)
+    for i, r in enumerate(runs):
+        vals = [(r["by_category"].get(c) or {}).get("acceptance_rate") for c in cats]
+        xs = [j + i * width for j in range(len(cats))]
+        ax.bar(xs, [0.0 if v is None else v for v in vals], width, label=f"{r['strategy']} γ={r['draft_length']}")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=20)
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1)
+    ax.set_title("acceptance per category")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / PLOT_CATEGORY, dpi=110)
+    plt.close(fig)
+    return PLOT_CATEGORY

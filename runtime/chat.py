@@ -1,0 +1,54 @@
+"""Chat-template rendering (the bundle's `chat_template.jinja`, HF conventions) with a sandboxed jinja2.
+
+`render_chat(template, messages, bos_token=..., eos_token=...)` returns the prompt text with the
+generation prompt appended. Encode the result *without* adding special tokens: templates that want a
+BOS write `{{ bos_token }}` themselves.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from functools import lru_cache
+
+from edgespec.errors import GenerationError
+
+
+def _raise(message):
+    raise GenerationError(f"chat template: {message}")
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str):
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters.setdefault("tojson", __import__("json").dumps)
+    try:
+        return env.from_string(template)
+    except TemplateError as exc:
+        raise GenerationError(f"chat template does not compile: {exc}") from exc
+
+
+def as_messages(prompt) -> list[dict]:
+    """A str becomes one user message; a list of {"role", "content"} dicts is used as is."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) and "role" in m and "content" in m
+                                                            for m in prompt):
+        return [dict(m) for m in prompt]
+    raise GenerationError("chat=True needs a str prompt or a list of {'role', 'content'} messages")
+
+
+def render_chat(template: str | None, messages: list[dict], bos_token: str = "", eos_token: str = "",
+                add_generation_prompt: bool = True) -> str:
+    if not template:
+        raise GenerationError("chat=True, but this bundle has no chat template")
+    from jinja2.exceptions import TemplateError
+
+    try:
+        return _compile(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
+                                         add_generation_prompt=add_generation_prompt)
+    except TemplateError as exc:
+        raise GenerationError(f"chat template failed to render: {exc}") from exc

@@ -1,0 +1,176 @@
+"""The drafter's view of the committed text, in its *own* tokenisation.
+
+Same tokenizer: drafter ids are target ids (identity; nothing to do).
+
+Different tokenizers (`HeteroContext`), per committed target token t:
+1. a draft token the target accepted is already in the drafter's tokens (it was fed while drafting);
+2. else t maps through `target_to_drafter` (same bytes, Ġ/▁ and byte-fallback aware: runtime/vocab.py);
+3. else (no counterpart, e.g. a long target token the drafter lacks): *resync*. Take the committed
+   text tail = the last few drafter tokens (the lookbehind) + t's bytes, re-tokenise it with the
+   drafter tokenizer, and replace those tokens. The caller crops the drafter KV back to the stable
+   prefix (the tokens before the lookbehind) and feeds the rest in its next forward.
+
+Text is handled as bytes (token tables from runtime/vocab.py), so a multi-byte character split across
+tokens survives. Bytes that are not valid UTF-8 on their own become the drafter's byte tokens
+(`<0xNN>` or a GPT-2 byte character) when it has them. Target special tokens map to drafter special
+tokens with the same content (e.g. `<|im_end|>`) or are dropped. BOS: the drafter gets its own BOS when
+its tokenizer adds one (Gemma adds `<bos>`, Qwen does not), whatever the target does.
+
+The drafter context never affects *correctness* (verify only uses the q the drafter sampled from),
+only acceptance; so unusual tokenizers degrade gracefully rather than fail.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.runtime.vocab import token_table
+
+LOOKBEHIND = 4          # drafter tokens re-tokenised together with an unmappable target token
+SPECIAL_PREFIX = b"special:"
+
+
+class SameContext:
+    """Drafter tokens = target tokens."""
+    resyncs = 0
+
+    def __init__(self, bundle):
+        bos = bundle.drafter.bos_id
+        self.drafter_bos = bos if bundle.drafter.add_bos and not bundle.target.add_bos else None
+        self.ids: list[int] = []
+
+    def start(self, target_ids: list[int]) -> None:
+        self.ids = ([self.drafter_bos] if self.drafter_bos is not None and target_ids[:1] != [self.drafter_bos]
+                    else []) + list(target_ids)
+        self.resyncs = 0
+
+    def feed_ids(self, target_id: int) -> list[int]:
+        """Drafter input ids standing for one drafted target id."""
+        return [target_id]
+
+    def append_target(self, target_id: int) -> int:
+        """Add one committed target token; returns the index of the first drafter token that changed."""
+        self.ids.append(target_id)
+        return len(self.ids) - 1
+
+
+class HeteroContext:
+    """Drafter tokens for text committed in the target's tokens (module docstring)."""
+
+    def __init__(self, bundle):
+        self.tok = bundle.drafter.tokenizer
+        self.t2d = np.asarray(bundle.target_to_drafter)
+        t_table = token_table(bundle.target.tokenizer, bundle.target.vocab_size)
+        d_table = token_table(self.tok, bundle.drafter.vocab_size)
+        self.t_keys = t_table.keys
+        self.d_keys = d_table.keys
+        canon = d_table.canonical()
+        self.d_canon = canon
+        self.byte_ids = [canon.get(bytes([b])) for b in range(256)]
+        self.drafter_bos = bundle.drafter.bos_id if bundle.drafter.add_bos else None
+        self.ids: list[int] = []
+        self.resyncs = 0
+
+    # ------------------------------------------------------------------ bytes <-> drafter ids
+    def _key(self, tid: int) -> bytes | None:
+        return self.t_keys[tid] if 0 <= tid < len(self.t_keys) else None
+
+    def _drafter_bytes(self, ids) -> bytes:
+        return b"".join(self.d_keys[i] or b"" for i in ids)
+
+    def _byte_tokens(self, data: bytes) -> list[int]:
+        return [i for i in (self.byte_ids[b] for b in data) if i is not None]
+
+    def _encode_text(self, text: str) -> list[int]:
+        """Drafter ids whose bytes are exactly `text` (no special tokens, no dummy prefix)."""
+        want = text.encode("utf-8")
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        got = self._drafter_bytes(ids)
+        if got == want:
+            return ids
+        if got == b" " + want and ids:     # a SentencePiece dummy prefix (prepend_scheme "first")
+            first = self.d_keys[ids[0]] or b""
+            if first == b" ":
+                return ids[1:]
+            fixed = self.d_canon.get(first[1:])
+            if fixed is not None:
+                return [fixed] + ids[1:]
+        byte_ids = self._byte_tokens(want)
+        return byte_ids if len(byte_ids) == len(want) else ids
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        """Drafter ids for arbitrary bytes: valid UTF-8 runs are tokenised, stray bytes become byte tokens."""
+        text = data.decode("utf-8", errors="surrogateescape")
+        out: list[int] = []
+        run: list[str] = []
+        for ch in text:
+            if "\udc80" <= ch <= "\udcff":          # an undecodable byte
+                if run:
+                    out += self._encode_text("".join(run))
+                    run = []
+                out += self._byte_tokens(bytes([ord(ch) - 0xDC00]))
+            else:
+                run.append(ch)
+        if run:
+            out += self._encode_text("".join(run))
+        return out
+
+    # ------------------------------------------------------------------ target ids -> drafter ids
+    def convert(self, target_ids) -> list[int]:
+        """Drafter ids for a run of target ids (text runs re-tokenised, specials mapped or dropped)."""
+        out: list[int] = []
+        buf: list[bytes] = []
+        for t in target_ids:
+            key = self._key(int(t))
+            if key is None or key.startswith(SPECIAL_PREFIX):
+                if buf:
+                    out += self.encode_bytes(b"".join(buf))
+                    buf = []
+                d = int(self.t2d[t]) if 0 <= t < len(self.t2d) else -1
+                if d >= 0:
+                    out.append(d)
+            else:
+                buf.append(key)
+        if buf:
+            out += self.encode_bytes(b"".join(buf))
+        return out
+
+    def start(self, target_ids: list[int]) -> None:
+        ids = self.convert(target_ids)
+        if self.drafter_bos is not None and ids[:1] != [self.drafter_bos]:
+            ids.insert(0, self.drafter_bos)
+        self.ids = ids
+        self.resyncs = 0
+
+    def feed_ids(self, target_id: int) -> list[int]:
+        d = int(self.t2d[target_id])
+        return [d] if d >= 0 else self.convert([target_id])
+
+    def append_target(self, target_id: int) -> int:
+        """Add one committed target token; returns the index of the first drafter token that changed
+        (the caller crops the drafter KV to at most that)."""
+        d = int(self.t2d[target_id])
+        if d >= 0:
+            self.ids.append(d)
+            return len(self.ids) - 1
+        key = self._key(target_id)
+        if key is None or key.startswith(SPECIAL_PREFIX):   # a target special with no drafter counterpart
+            return len(self.ids)
+        # resync: re-tokenise the lookbehind tail together with the new token's bytes
+        start = len(self.ids)
+        while start > 0 and len(self.ids) - start < LOOKBEHIND:
+            k = self.d_keys[self.ids[start - 1]]
+            if k is None or k.startswith(SPECIAL_PREFIX) or self.ids[start - 1] == self.drafter_bos:
+                break
+            start -= 1
+        tail = self._drafter_bytes(self.ids[start:]) + key
+        new = self.encode_bytes(tail)
+        stable = start
+        while stable < len(self.ids) and stable - start < len(new) and self.ids[stable] == new[stable - start]:
+            stable += 1
+        self.ids[start:] = new
+        self.resyncs += 1
+        return stable
+
+
+def drafter_context(bundle):
+    return SameContext(bundle) if bundle.same_tokenizer else HeteroContext(bundle)

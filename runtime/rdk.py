@@ -1,0 +1,259 @@
+"""Redistributing Drafter Kernels (RDK paper, rdk-out-of-vocabulary-sampling.md).
+
+Two out-of-vocabulary samplers that turn the TLI distribution q' over target ids into a draft
+distribution that may put mass on target tokens the pruned drafter head cannot produce:
+
+- `rdk_taylor_distribution`: Eq. 3, the first-order Taylor approximation, O(N) with N = |T|:
+      theta = p . q',   p~_i = (N q'_i + beta * theta * p_i) / (N + p_i),   p_Taylor = p~ / sum(p~)
+  p is the calibrated target unigram prior (BUNDLE/vocab/prior.npy). beta = 1 is the paper's formula;
+  beta is our strength knob (theta -> beta * theta) so the profiler can sweep it.
+- `rdk_distribution`: Algorithm 1, exact RDK p' = M^T q' with the calibrated sparse row-stochastic
+  affinity M (rows: kept drafter columns, columns: target ids; BUNDLE/vocab/affinity.npz), O(nnz).
+  With M = I (kept column r -> its target id) it is TLI, as the paper remarks.
+
+Both outputs are proper distributions over target ids; the verify step (standard rejection sampling)
+uses them as q, so decoding stays lossless whatever p or M are.
+
+NumPy only (no scipy.sparse in the runtime): M^T q' is a gather + multiply + `np.bincount`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.errors import BundleError
+
+
+# --------------------------------------------------------------------------- Taylor RDK (Eq. 3)
+
+def rdk_taylor_distribution(q_tli: np.ndarray, prior: np.ndarray, beta: float = 1.0,
+                            out: np.ndarray | None = None) -> np.ndarray:
+    """Eq. 3 exactly as printed, with theta scaled by `beta` (beta = 1: the paper).
+
+    q_tli: TLI distribution q' over the N target ids (zero outside the intersection).
+    prior: the target prior p over the same N ids. Returns p_Taylor (in `out` when given)."""
+    n = q_tli.shape[0]
+    theta = float(np.dot(prior, q_tli))
+    out = np.multiply(q_tli, n, out=out)               # N q'_i
+    out += (beta * theta) * prior                      # + beta theta p_i
+    out /= n + prior                                   # / (N + p_i)
+    out /= out.sum()                                   # normalise over T
+    return out
+
+
+class RdkTaylor:
+    """Eq. 3 with the per-prior constants precomputed and preallocated buffers (no allocation per step).
+
+    p~_i = q'_i * N/(N+p_i) + beta theta * p_i/(N+p_i): two constant vectors, so a step is one dot,
+    two fused multiply-adds and a normalisation over N entries."""
+
+    def __init__(self, prior: np.ndarray, beta: float = 1.0, dtype=np.float64):
+        prior = np.asarray(prior, dtype=dtype)
+        if prior.ndim != 1 or not np.all(np.isfinite(prior)) or prior.min() < 0 or prior.sum() <= 0:
+            raise BundleError("rdk-taylor: vocab/prior.npy is not a non-negative 1-D distribution")
+        n = prior.shape[0]
+        self.prior = prior / prior.sum()
+        self.beta = float(beta)
+        self.scale = n / (n + self.prior)                 # N / (N + p_i)
+        self.shift = self.prior / (n + self.prior)        # p_i / (N + p_i)
+        self._tmp = np.empty(n, dtype=dtype)
+
+    def __call__(self, q_tli: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            out = np.empty_like(self._tmp)
+        theta = float(np.dot(self.prior, q_tli))
+        np.multiply(q_tli, self.scale, out=out)
+        np.multiply(self.shift, self.beta * theta, out=self._tmp)
+        out += self._tmp
+        out *= 1.0 / out.sum()
+        return out
+
+
+# --------------------------------------------------------------------------- exact RDK (Algorithm 1)
+
+@dataclass
+class Affinity:
+    """The sparse row-stochastic affinity M in CSR form (rows: kept columns, columns: target ids).
+
+    Also held row-padded ([K, w] with w = the longest row, zero-weight padding) when that costs at
+    most 4x the CSR size, as it is for calibrate's top-k rows: selecting rows is then a plain gather."""
+    data: np.ndarray          # float64 [nnz]
+    indices: np.ndarray       # intp [nnz]   target id of each entry
+    indptr: np.ndarray        # int64 [K+1]
+    shape: tuple[int, int]    # (K, V_t)
+    padded_data: np.ndarray | None = None      # [K, w]
+    padded_indices: np.ndarray | None = None   # [K, w]
+
+    @classmethod
+    def from_csr(cls, data, indices, indptr, shape, row_sum_tol: float = 1e-3) -> "Affinity":
+        """Validate the CSR arrays (as stored in affinity.npz) and build the padded form."""
+        data = np.asarray(data, dtype=np.float64)
+        indices = np.asarray(indices).astype(np.intp, copy=False)
+        indptr = np.asarray(indptr).astype(np.int64, copy=False)
+        k, v = (int(s) for s in np.asarray(shape).reshape(-1)[:2])
+        lengths = np.diff(indptr) if indptr.ndim == 1 and indptr.size == k + 1 else None
+        if (lengths is None or indptr[0] != 0 or indptr[-1] != data.shape[0]
+                or indices.shape != data.shape or np.any(lengths < 0)):
+            raise BundleError("affinity M: inconsistent CSR arrays (data/indices/indptr/shape)")
+        if data.size and (indices.min() < 0 or indices.max() >= v):
+            raise BundleError(f"affinity M: column index out of range [0, {v})")
+        if data.size and (not np.all(np.isfinite(data)) or data.min() < 0):
+            raise BundleError("affinity M: negative or non-finite entries")
+        rows = np.repeat(np.arange(k, dtype=np.intp), lengths)
+        sums = np.bincount(rows, weights=data, minlength=k)
+        if np.any(np.abs(sums[lengths > 0] - 1.0) > row_sum_tol):
+            raise BundleError("affinity M: rows are not stochastic (row sums differ from 1)")
+        m = cls(data=data, indices=indices, indptr=indptr, shape=(k, v))
+        width = int(lengths.max()) if k else 0
+        if k * width <= 4 * max(data.size, 1):
+            slot = np.arange(data.size) - np.repeat(indptr[:-1], lengths)   # position within its row
+            m.padded_data = np.zeros((k, width))
+            m.padded_indices = np.zeros((k, width), dtype=np.intp)
+            m.padded_data[rows, slot] = data
+            m.padded_indices[rows, slot] = indices
+        return m
+
+    @classmethod
+    def load(cls, path) -> "Affinity":
+        """Read affinity.npz (data, indices, indptr, shape), never with pickle."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return cls.from_csr(z["data"], z["indices"], z["indptr"], z["shape"])
+        except (OSError, KeyError, ValueError) as e:
+            raise BundleError(f"cannot read affinity M from {path}: {e}") from None
+
+    @classmethod
+    def identity(cls, index_map: np.ndarray, n_target: int) -> "Affinity":
+        """M = I restricted to the kept columns (kept column r -> target id index_map[r]); rows of
+        columns without a target id are empty. RDK with this M is TLI."""
+        index_map = np.asarray(index_map)
+        has = index_map >= 0
+        indptr = np.concatenate([[0], np.cumsum(has)]).astype(np.int64)
+        return cls.from_csr(np.ones(int(has.sum())), index_map[has], indptr, (index_map.size, n_target))
+
+
+def rdk_distribution(q_kept: np.ndarray, m: Affinity, out: np.ndarray | None = None,
+                     tol: float = 0.0) -> np.ndarray:
+    """Algorithm 1, step 2: p' = M^T q' in O(nnz + V_t).
+
+    q_kept: the TLI distribution q' over the K kept columns (zero where a column has no target id).
+    Rows with q'_r = 0 add nothing and are skipped, so tol = 0 is exact. tol > 0 also skips rows with
+    q'_r <= tol/K: at most `tol` of q's mass is dropped (p' moves by <= 2 tol in L1), and the cost
+    falls to O(rows kept x row width). Either way p' is what the draft is sampled from and verified
+    against, so decoding stays lossless. Returns p' over the V_t target ids (in `out` when given)."""
+    k, v = m.shape
+    if q_kept.shape[0] != k:
+        raise BundleError(f"affinity M has {k} rows but the drafter head has {q_kept.shape[0]} columns")
+    rows = np.flatnonzero(q_kept > tol / k)
+    if m.padded_data is not None and rows.size == k:                # every row: no gather needed
+        weights, cols = m.padded_data * q_kept[:, None], m.padded_indices
+    elif m.padded_data is not None:
+        weights = m.padded_data[rows] * q_kept[rows, None]        # M_rj q'_r for the kept rows
+        cols = m.padded_indices[rows]
+    else:
+        starts, lengths = m.indptr[rows], m.indptr[rows + 1] - m.indptr[rows]
+        first = np.cumsum(lengths) - lengths
+        entries = np.repeat(starts - first, lengths) + np.arange(int(lengths.sum()))
+        weights = m.data[entries] * np.repeat(q_kept[rows], lengths)
+        cols = m.indices[entries]
+    p = np.bincount(cols.ravel(), weights=weights.ravel(), minlength=v)
+    total = p.sum()
+    if total <= 0:
+        raise BundleError("affinity M has no entries for any drafted column")
+    return np.multiply(p, 1.0 / total, out=out)
+
+
+# --------------------------------------------------------------------------- strategies `rdk-taylor`, `rdk`
+# Registered into strategies.STRATEGIES (strategies.py imports this module at its end). Options, from
+# the decoder's strategy options: rdk_beta (rdk-taylor strength, default 1 = Eq. 3 as printed) and
+# rdk_tol (rdk's dropped-mass tolerance, default 1e-6; 0 = every row of M).
+
+from edgespec.errors import GenerationError  # noqa: E402
+from edgespec.runtime import strategies as _strategies  # noqa: E402
+
+DEFAULT_TOL = 1e-6
+
+
+@dataclass
+class _RdkState:
+    cols: "_strategies.KeptColumns"
+    taylor: RdkTaylor | None = None
+    affinity: Affinity | None = None
+    tol: float = DEFAULT_TOL
+    q_tli: np.ndarray | None = None         # [V_t] buffer (rdk-taylor)
+    q_kept: np.ndarray | None = None        # [K] buffer (rdk)
+    out: np.ndarray | None = None           # [V_t] buffer (greedy drafts)
+
+
+def _check_taylor(bundle, options) -> None:
+    options = options or {}
+    if bundle.prior is None:
+        raise GenerationError("strategy 'rdk-taylor' needs the target prior vocab/prior.npy, which this bundle "
+                              "lacks: run `edgespec calibrate` and re-export with --vocab")
+    beta = options.get("rdk_beta", 1.0)
+    if not (np.isfinite(beta) and beta >= 0):
+        raise GenerationError(f"rdk_beta must be a finite number >= 0, got {beta!r}")
+
+
+def _check_rdk(bundle, options) -> None:
+    options = options or {}
+    if bundle.affinity is None:
+        raise GenerationError("strategy 'rdk' needs the affinity matrix M (vocab/affinity.npz), which this bundle "
+                              "lacks: run `edgespec calibrate --affinity cooc` and re-export with --vocab "
+                              "(or use 'rdk-taylor', which needs only the prior)")
+    tol = options.get("rdk_tol", DEFAULT_TOL)
+    if not (0.0 <= tol < 1.0):
+        raise GenerationError(f"rdk_tol must be in [0, 1), got {tol!r}")
+
+
+def _prepare_taylor(bundle, options) -> _RdkState:
+    options = options or {}
+    cols = _strategies.kept_columns(bundle, options)
+    prior = np.asarray(bundle.prior, dtype=np.float64)
+    if prior.shape != (cols.target_vocab,):
+        raise BundleError(f"prior has {prior.shape[0]} entries but the target vocabulary has {cols.target_vocab}")
+    return _RdkState(cols, taylor=RdkTaylor(prior, float(options.get("rdk_beta", 1.0))),
+                     q_tli=np.empty(cols.target_vocab), out=np.empty(cols.target_vocab))
+
+
+def _prepare_rdk(bundle, options) -> _RdkState:
+    options = options or {}
+    cols = _strategies.kept_columns(bundle, options)
+    a = bundle.affinity
+    m = Affinity.from_csr(a.data, a.indices, a.indptr, a.shape)
+    if m.shape != (cols.index_map.shape[0], cols.target_vocab):
+        raise BundleError(f"affinity M has shape {m.shape}, expected (kept columns, target vocabulary) = "
+                          f"({cols.index_map.shape[0]}, {cols.target_vocab})")
+    return _RdkState(cols, affinity=m, tol=float(options.get("rdk_tol", DEFAULT_TOL)),
+                     q_kept=np.zeros(cols.index_map.shape[0]), out=np.empty(cols.target_vocab))
+
+
+def _taylor_distribution(state: _RdkState, kept_logits, params, out):
+    _strategies.tli_distribution(state.cols, kept_logits, params, state.q_tli)
+    return state.taylor(state.q_tli, out=out)
+
+
+def _rdk_distribution(state: _RdkState, kept_logits, params, out):
+    state.q_kept[state.cols.valid_cols] = _strategies.tli_column_probs(kept_logits, state.cols, params)
+    return rdk_distribution(state.q_kept, state.affinity, out=out, tol=state.tol)
+
+
+_T1 = _strategies.SamplingParams(temperature=1.0)
+
+
+def _taylor_greedy(state: _RdkState, kept_logits) -> int:
+    """Temperature 0: the argmax of the RDK distribution built at temperature 1."""
+    return int(np.argmax(_taylor_distribution(state, kept_logits, _T1, state.out)))
+
+
+def _rdk_greedy(state: _RdkState, kept_logits) -> int:
+    return int(np.argmax(_rdk_distribution(state, kept_logits, _T1, state.out)))
+
+
+_strategies.register(_strategies.Strategy(
+    "rdk-taylor", "RDK first-order Taylor approximation (RDK paper, Eq. 3; option rdk_beta)",
+    prepare=_prepare_taylor, distribution=_taylor_distribution, greedy=_taylor_greedy, check=_check_taylor))
+_strategies.register(_strategies.Strategy(
+    "rdk", "exact RDK with the calibrated sparse affinity M (RDK paper, Algorithm 1; option rdk_tol)",
+    prepare=_prepare_rdk, distribution=_rdk_distribution, greedy=_rdk_greedy, check=_check_rdk))

@@ -1,0 +1,144 @@
+"""ONNX Runtime sessions: execution-provider (EP) selection, the check that the EP is really active,
+and thread defaults for this class of machine.
+
+EP names: `cpu`, `cuda`, `tensorrt`, `dml`, `qnn`, `openvino`, `coreml`, `rocm`, a full ORT provider
+name (`"CUDAExecutionProvider"`), or an explicit list of names / `(name, options)` pairs in priority
+order. ORT appends the CPU EP itself, so `cuda` means "CUDA, with CPU for unsupported nodes".
+
+Why the check: onnxruntime-gpu lists CUDA/TensorRT in `get_available_providers()` even on machines
+without a GPU, and a session asked for CUDA then silently runs on CPU (FACTS.md). After creating a
+session we compare `session.get_providers()` with the request: if the first requested EP is not
+active we raise EPError naming what is active and what this build offers, unless
+`allow_fallback=True`, in which case we warn and record the fallback (it ends up in the stats).
+
+Threads (measured on the 2-core box, see docs/runtime.md): ORT's default of 2 intra-op threads with
+spinning is the slowest setting there. Our default is 1 intra-op thread (no spinning needed) when the
+machine has <= 2 cores, and `min(cores, 4)` threads with spinning disabled otherwise. An explicit
+`threads=n` uses n threads, with spinning disabled whenever n > 1.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from edgespec.errors import EPError
+
+EP_ALIASES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+}
+CPU = "CPUExecutionProvider"
+# ORT log severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal.
+QUIET = 3          # default: hide ORT's warnings (e.g. "some nodes were not assigned to the preferred EP")
+SILENT = 3         # while creating a non-CPU session: hides the "Failed to load libonnxruntime_providers_cuda"
+                   # error, which is logged at severity 3; we detect the failure ourselves via get_providers().
+
+
+def _ort():
+    import onnxruntime as ort
+
+    return ort
+
+
+def known_provider_names() -> list[str]:
+    """Every provider name this onnxruntime build knows about (whether or not it can load)."""
+    ort = _ort()
+    try:
+        return list(ort.get_all_providers())
+    except AttributeError:  # very old builds
+        return list(ort.get_available_providers())
+
+
+def resolve_providers(ep: str | Sequence[Any] | None) -> list[tuple[str, dict]]:
+    """EP request -> [(ORT provider name, options)] in priority order. Raises EPError on unknown names."""
+    if ep is None:
+        ep = "cpu"
+    items = [ep] if isinstance(ep, str) else list(ep)
+    if not items:
+        raise EPError("empty execution-provider list")
+    out: list[tuple[str, dict]] = []
+    for item in items:
+        opts: dict = {}
+        if isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[1], dict):
+            item, opts = item
+        if not isinstance(item, str):
+            raise EPError(f"execution provider must be a name or (name, options), got {item!r}")
+        name = EP_ALIASES.get(item.lower(), item)
+        if name not in EP_ALIASES.values() and name not in known_provider_names():
+            raise EPError(f"unknown execution provider {item!r}; use one of {', '.join(EP_ALIASES)} "
+                          f"or an ORT provider name ({', '.join(known_provider_names())})")
+        out.append((name, dict(opts)))
+    return out
+
+
+def default_threads() -> int:
+    """Intra-op threads used when `threads=None` (see the module docstring for the measurements)."""
+    cores = os.cpu_count() or 1
+    return 1 if cores <= 2 else min(cores, 4)
+
+
+def session_options(threads: int | None = None):
+    """SessionOptions with our thread policy: n threads, spinning off when n > 1, one inter-op thread."""
+    ort = _ort()
+    n = default_threads() if threads is None else int(threads)
+    if n < 1:
+        raise EPError(f"threads must be >= 1, got {threads}")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = n
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = QUIET
+    if n > 1:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
+
+
+@dataclass
+class SessionInfo:
+    """What was asked for and what ORT actually gave."""
+    requested: list[str]
+    active: list[str]
+    threads: int
+    fallback: str | None = None          # a one-line note when the requested EP is not active
+    options: dict = field(default_factory=dict)
+
+
+def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu", threads: int | None = None,
+                   allow_fallback: bool = False, role: str = "model"):
+    """(InferenceSession, SessionInfo). Raises EPError if the requested EP is not active (unless allow_fallback)."""
+    ort = _ort()
+    providers = resolve_providers(ep)
+    names = [n for n, _ in providers]
+    only_cpu = all(n == CPU for n in names)
+    so = session_options(threads)
+    ort.set_default_logger_severity(QUIET if only_cpu else SILENT)
+    try:
+        sess = ort.InferenceSession(str(model_path), sess_options=so, providers=[(n, o) for n, o in providers])
+    except Exception as exc:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
+        if "provider" in str(exc).lower() or not only_cpu:
+            raise EPError(f"{role}: could not create a session with {names}: {str(exc).splitlines()[0][:200]}") from exc
+        raise
+    finally:
+        ort.set_default_logger_severity(QUIET)
+    active = list(sess.get_providers())
+    info = SessionInfo(requested=names, active=active, threads=so.intra_op_num_threads,
+                       options={n: o for n, o in providers if o})
+    if names[0] not in active:
+        msg = (f"{role}: requested execution provider {names[0]} is not active (session runs on "
+               f"{', '.join(active)}); this onnxruntime build lists {', '.join(ort.get_available_providers())}, "
+               "but a listed EP can still fail to load (missing driver/libraries)")
+        if not allow_fallback:
+            raise EPError(msg + "; pass allow_fallback=True to run anyway")
+        info.fallback = f"{role}: {names[0]} -> {active[0]}"
+        warnings.warn(msg + "; falling back", RuntimeWarning, stacklevel=3)
+    return sess, info

@@ -1,0 +1,255 @@
+"""String-Level Exact Match (heterogeneous-vocabularies paper, Algorithm 2 and §3.2).
+
+The drafter drafts in its *own* vocabulary; the drafted text is re-tokenised with the *target*
+tokenizer right after the committed text; the target verifies the proposed target tokens by exact
+match against its own samples (argmax when greedy, a draw from its processed p when sampling).
+Each emitted token is therefore the target's own sample given the committed prefix: lossless at any
+temperature, whatever the proposal. The proposal only decides how many tokens one verify yields.
+
+Re-tokenisation (`SlemTranslator.propose`) works on bytes, so multi-byte UTF-8 characters split across
+drafter tokens, or split between the committed text and the draft, are handled:
+  1. draft bytes = the drafter tokens' bytes, up to the first special token (which is proposed as its
+     target counterpart, e.g. an end-of-turn token, when the drafter's text was used up);
+  2. lookbehind window = the last `lookbehind` committed target tokens (no special tokens, starting on
+     a character boundary); text = the longest valid UTF-8 prefix of window bytes + draft bytes;
+  3. encode the text with the target tokenizer and align it with the window:
+     a. the encoding starts with the window's own tokens: propose what follows (the common case);
+     b. realign, when a token merges across the boundary or the tokenizer normalises text
+        (non-injective): the encoding has a token boundary exactly at the end of the window's bytes
+        -> propose from there; else the longest suffix of the window found in the encoding (the
+        paper's longest overlap) -> propose what follows it; else encode the draft text alone.
+     Every b-case counts as one realignment in the stats.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from edgespec.runtime.vocab import as_tokenizer, token_table
+
+SPECIAL_PREFIX = b"special:"
+
+
+@dataclass
+class Proposal:
+    ids: list[int]                 # proposed target ids, to append after the committed tokens
+    realigned: bool = False        # the plain window match failed and a realignment was used
+    text_bytes: int = 0            # draft bytes turned into text (for diagnostics)
+
+
+def _is_continuation(b: int) -> bool:
+    return 0x80 <= b < 0xC0
+
+
+def _valid_utf8_prefix(data: bytes) -> bytes:
+    """The longest prefix of `data` that is valid UTF-8 (an incomplete last character is cut)."""
+    try:
+        data.decode("utf-8")
+        return data
+    except UnicodeDecodeError as e:
+        return data[:e.start]
+
+
+@dataclass
+class SlemTranslator:
+    """Drafter ids -> proposed target ids, against the committed target ids (see module docstring)."""
+    target_tokenizer: Any
+    drafter_tokenizer: Any
+    drafter_to_target: np.ndarray
+    target_vocab_size: int | None = None
+    drafter_vocab_size: int | None = None
+    lookbehind: int = 8
+    realignments: int = field(default=0, init=False)
+
+    def __post_init__(self):
+        self.target_tokenizer = as_tokenizer(self.target_tokenizer)
+        self.drafter_tokenizer = as_tokenizer(self.drafter_tokenizer)
+        t_tab = token_table(self.target_tokenizer, self.target_vocab_size)
+        d_tab = token_table(self.drafter_tokenizer, self.drafter_vocab_size)
+        self._t_bytes = [None if k is None or k.startswith(SPECIAL_PREFIX) else k for k in t_tab.keys]
+        self._d_bytes = [None if k is None or k.startswith(SPECIAL_PREFIX) else k for k in d_tab.keys]
+        self._canonical = t_tab.canonical()
+        self._byte_ids = {b: self._canonical[bytes([b])] for b in range(256) if bytes([b]) in self._canonical}
+
+    # ------------------------------------------------------------------ pieces
+    def target_bytes(self, tid: int) -> bytes | None:
+        return self._t_bytes[tid] if 0 <= tid < len(self._t_bytes) else None
+
+    def draft_bytes(self, draft: Sequence[int]) -> tuple[bytes, int | None]:
+        """(bytes of the draft up to its first special/unknown token, that token's target id or None)."""
+        out = bytearray()
+        for d in draft:
+            d = int(d)
+            b = self._d_bytes[d] if 0 <= d < len(self._d_bytes) else None
+            if b is None:
+                t = int(self.drafter_to_target[d]) if 0 <= d < self.drafter_to_target.shape[0] else -1
+                return bytes(out), (t if t >= 0 else None)
+            out += b
+        return bytes(out), None
+
+    def window(self, committed: Sequence[int]) -> list[int]:
+        """The last `lookbehind` committed ids after the last special one, starting on a character boundary."""
+        win: list[int] = []
+        for tid in reversed(committed[-self.lookbehind:] if self.lookbehind else []):
+            if self.target_bytes(int(tid)) is None:
+                break
+            win.append(int(tid))
+        win.reverse()
+        while win and (not self._t_bytes[win[0]] or _is_continuation(self._t_bytes[win[0]][0])):
+            win.pop(0)
+        return win
+
+    def encode(self, text: str) -> list[int]:
+        return self.target_tokenizer.encode(text, add_special_tokens=False).ids
+
+    # ------------------------------------------------------------------ the proposal
+    def propose(self, committed: Sequence[int], draft: Sequence[int]) -> Proposal:
+        draft_b, special = self.draft_bytes(draft)
+        win = self.window(committed)
+        win_b = b"".join(self._t_bytes[t] for t in win)
+        combined = _valid_utf8_prefix(win_b + draft_b)
+        if len(combined) < len(win_b):                # the window ends mid-character, the draft doesn't finish it
+            return Proposal([])
+        used_all = len(combined) == len(win_b) + len(draft_b)
+        ids: list[int] = []
+        realigned = False
+        if len(combined) > len(win_b):
+            enc = self.encode(combined.decode("utf-8"))
+            ids, realigned = self._align(win, win_b, combined, enc)
+        if special is not None and used_all:
+            ids.append(special)
+        if realigned:
+            self.realignments += 1
+        return Proposal(ids, realigned, len(combined) - len(win_b))
+
+    def _align(self, win: list[int], win_b: bytes, text_b: bytes, enc: list[int]) -> tuple[list[int], bool]:
+        n = len(win)
+        if enc[:n] == win:                                                       # a. plain match
+            return enc[n:], False
+        pieces = [self.target_bytes(t) or b"" for t in enc]
+        lead = sum(map(len, pieces)) - len(text_b)          # a prepended dummy "▁" (SentencePiece) shows here
+        ends = np.cumsum([len(p) for p in pieces]) - max(lead, 0)
+        faithful = b"".join(pieces)[max(lead, 0):] == text_b          # no normaliser changed the text
+        hit = np.flatnonzero(ends == len(win_b))
+        if faithful and hit.size:                                                # b1. token boundary at the join
+            return enc[int(hit[0]) + 1:], True
+        for m in range(n if not faithful else 0, 0, -1):                         # b2. longest overlap (normalised text)
+            suffix = win[n - m:]
+            for i in range(len(enc) - m, -1, -1):
+                if enc[i:i + m] == suffix and ends[i + m - 1] <= len(win_b):
+                    return enc[i + m:], True
+        return self._encode_bytes(text_b[len(win_b):]), True                    # b3. the draft text alone
+
+    def _encode_bytes(self, data: bytes) -> list[int]:
+        """Target ids for `data`, which may start with the continuation bytes of a character the
+        committed text left open: those become single-byte tokens (when the vocabulary has them)."""
+        k = 0
+        while k < len(data) and _is_continuation(data[k]):
+            k += 1
+        head = [self._byte_ids.get(b) for b in data[:k]]
+        if None in head:
+            return []
+        return head + (self._encode_no_dummy_prefix(data[k:]) if k < len(data) else [])
+
+    def _encode_no_dummy_prefix(self, data: bytes) -> list[int]:
+        """Encode text that continues a line: undo a SentencePiece-style prepended "▁" if the
+        tokenizer added one (drop a bare "▁" token, or swap "▁xy" for "xy" when that is a token)."""
+        ids = self.encode(data.decode("utf-8"))
+        first = self.target_bytes(ids[0]) if ids else None
+        lead = sum(len(self.target_bytes(t) or b"") for t in ids) - len(data)
+        if lead <= 0 or first is None or not first.startswith(b" " * lead):
+            return ids
+        if len(first) == lead:
+            return ids[1:]
+        rest_id = self._canonical.get(first[lead:])
+        return [rest_id] + ids[1:] if rest_id is not None else []
+
+
+# --------------------------------------------------------------------------- strategy `slem`
+# A custom decode round (strategies.Strategy.round): drafting, proposal, one target forward, exact match.
+
+from edgespec.runtime import strategies as _strategies  # noqa: E402
+
+
+@dataclass
+class _SlemState:
+    translator: SlemTranslator
+    draft_ids: np.ndarray                # kept column -> drafter id
+    stop_ids: frozenset                  # drafter ids that end a draft (specials / EOS)
+    max_proposal: int                    # cap on proposed target tokens per round (x gamma)
+
+
+def _prepare(bundle, options) -> _SlemState:
+    options = options or {}
+    tr = SlemTranslator(bundle.target.tokenizer, bundle.drafter.tokenizer, bundle.drafter_to_target,
+                        bundle.target.vocab_size, bundle.drafter.vocab_size,
+                        lookbehind=int(options.get("slem_lookbehind", 8)))
+    stops = frozenset(i for i, b in enumerate(tr._d_bytes) if b is None) | frozenset(bundle.drafter.eos_ids)
+    return _SlemState(tr, np.asarray(bundle.draft_ids), stops, int(options.get("slem_max_proposal", 3)))
+
+
+def slem_round(gen, gamma: int) -> list[int]:
+    """One round of Algorithm 2 in the decode loop (see decoder.Generation for the state it uses).
+
+    1. the drafter drafts up to gamma tokens in its own vocabulary, greedily (for exact-match
+       verification the draft maximising P(accept) = p(d) is the most likely one, and the drafter's
+       argmax is its best guess: better than a draw from q, whose acceptance is sum_d q(d) p(d));
+    2. the draft text is re-tokenised for the target (SlemTranslator.propose);
+    3. ONE target forward over [last, t_1..t_m]; at each position the target picks its own token
+       (argmax, or a draw from its processed p) and we accept while it equals t_j;
+    4. roll back both KV caches; the drafter context is rebuilt from the committed target tokens,
+       keeping the drafter KV of the draft tokens that the committed text reproduced."""
+    dec, st, state, ctx = gen.dec, gen.stats, gen.dec.state, gen.ctx
+    mark = len(ctx.ids)
+    draft: list[int] = []
+    for _ in range(gamma):
+        if gen.drafter.length == len(ctx.ids):
+            gen.drafter.crop(gen.drafter.length - 1)
+        row = gen.draft_forward(ctx.ids[gen.drafter.length:])
+        d = int(state.draft_ids[int(np.argmax(row))])
+        draft.append(d)
+        if d in state.stop_ids:
+            break
+        ctx.ids.append(d)
+    committed_tail = (gen.prompt_ids[-state.translator.lookbehind:] + gen.generated)[-state.translator.lookbehind:]
+    before = state.translator.realignments
+    proposal = state.translator.propose(committed_tail, draft).ids
+    st.slem_realignments += state.translator.realignments - before
+    remaining = gen.max_new_tokens - len(gen.generated)
+    proposal = proposal[:max(0, min(remaining - 1, state.max_proposal * gamma))]
+    m = len(proposal)
+    logits = gen.target.forward([gen.last, *proposal])
+    st.record_verify(m + 1, gen.target.last_ms)
+    n_acc = 0
+    while True:                                           # exact match against the target's own picks
+        t = gen.pick(logits[n_acc])
+        if n_acc < m and t == proposal[n_acc]:
+            n_acc += 1
+            continue
+        break
+    gen.target.crop(gen.target.length - (m - n_acc))
+    new = [*proposal[:n_acc], t]
+    fed = ctx.ids[mark:gen.drafter.length]                # draft tokens now in the drafter's KV
+    del ctx.ids[mark:]
+    valid = mark                                          # the KV prefix the rebuilt context still matches
+    for tok in new:
+        valid = min(valid, ctx.append_target(tok))
+    if valid == mark:
+        same = 0
+        while same < len(fed) and mark + same < len(ctx.ids) and ctx.ids[mark + same] == fed[same]:
+            same += 1
+        valid += same
+    gen.drafter.crop(min(gen.drafter.length, valid))
+    st.drafted += m
+    st.accepted += n_acc
+    st.drafted_per_step.append(m)
+    st.accepted_per_step.append(n_acc)
+    gen.last = t
+    return new
+
+
+_strategies.register(_strategies.Strategy(
+    "slem", "String-Level Exact Match (heterogeneous-vocabularies paper, Algorithm 2; any temperature)",
+    prepare=_prepare, distribution=None, greedy=None, round=slem_round))

@@ -1,0 +1,138 @@
+"""Per-generation statistics (`GenerationResult.stats`). Every field and its convention:
+
+Counts
+- `new_tokens`: tokens generated (returned in `token_ids`), including an EOS token that ended the
+  generation; never more than max_new_tokens. With a stop string, tokens after the one that completed
+  it are not counted (none are generated past it).
+- `prompt_tokens`: target tokens in the prompt (after the chat template and BOS handling).
+- `target_forwards`: target ORT runs, prefill included (= 1 + verify_forwards).
+- `verify_forwards`: target runs after the prefill. For `ar` each is a 1-token decode step.
+- `draft_forwards`: drafter ORT runs, its prefill included (the drafter prefill is the first drafter
+  run; with a heterogeneous drafter a resync may feed several tokens in one run, still one forward).
+- `drafted`: draft tokens proposed to the target (summed over verify forwards).
+- `accepted`: draft tokens the target accepted. The token the target emits itself after the
+  accepted drafts (the correction or the bonus token) is NOT counted in `accepted`.
+- `drafter_resyncs`: times the drafter context had to be rebuilt by re-tokenising committed text
+  (a target token with no drafter counterpart); mapping through target->drafter does not count.
+- `drafter_fallback_steps`: verify forwards run with no drafts because the drafter's own context
+  would have exceeded its max_position (the loop then degrades to plain decoding).
+- `slem_realignments`: `slem` rounds whose drafted text, re-tokenised for the target, did not line up
+  with the committed tokens and was realigned (runtime/slem.py: merge across the boundary or a
+  normalising, non-injective tokenizer).
+
+Derived (properties)
+- `acceptance_rate` = accepted / drafted (None when nothing was drafted, e.g. `ar`).
+- `tau` = tokens committed by verify forwards / verify_forwards, i.e. (new_tokens - prefill_tokens)
+  / verify_forwards; the prefill's first token is excluded. `ar` has tau = 1. Equals the mean
+  "accepted + 1" per verify step (less at the very end, when a stop truncates a block).
+- `tokens_per_s` = new_tokens / total time (prefill included).
+- `decode_tokens_per_s` = (new_tokens - prefill_tokens) / (total time - ttft).
+- `overhead_share` = overhead_ms / (total_ms - prefill_ms): the share of the decode phase spent
+  outside ORT runs.
+
+Times (ms, wall clock, time.perf_counter)
+- `total_ms`: from the call (after argument checks) to the last token; tokenisation included.
+- `ttft_ms`: from the call to the first generated token being available.
+- `prefill_ms`: the target's prefill run + the drafter's prefill run (ORT time only).
+- `draft_ms`: drafter ORT runs after its prefill.
+- `verify_ms`: target ORT runs after its prefill.
+- `overhead_ms` = total_ms - prefill_ms - draft_ms - verify_ms + concurrent_draft_ms: everything that
+  is not an ORT run (tokenisation, templates, sampling, strategies, verify arithmetic, KV slicing, text
+  decoding).
+- `concurrent_draft_ms`: the part of draft_ms that ran on a worker thread concurrently with a verify
+  forward (randomised drafting's no-draft positions, runtime/randomised.py); 0 otherwise.
+
+Profiler hooks
+- `verify_ms_by_k`: {k: [ms, ...]}: each target run after prefill, keyed by the number of tokens fed
+  (k = drafts + 1). The verify-k / decode-1 ratio is median(verify_ms_by_k[k]) of a speculative run
+  over median(verify_ms_by_k[1]) of an `ar` run.
+- `draft_ms_steps`: each drafter run's ms after its prefill (in order).
+- `accepted_per_step`: accepted drafts of each verify forward (in order); `drafted_per_step` likewise.
+
+Environment
+- `providers`: {"target": [...], "drafter": [...]} as reported by session.get_providers().
+- `fallbacks`: notes for each session whose requested EP was not active (allow_fallback=True).
+- `stop_reason`: "eos", "stop" (a stop string), "length" (max_new_tokens), or "interrupted"
+  (a stream closed by the caller).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    strategy: str = ""
+    draft_length: int = 0
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0          # tokens emitted straight from the target's prefill (1, or 0 if none)
+    target_forwards: int = 0
+    verify_forwards: int = 0
+    draft_forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafter_resyncs: int = 0
+    drafter_fallback_steps: int = 0
+    slem_realignments: int = 0
+    total_ms: float = 0.0
+    ttft_ms: float = 0.0
+    prefill_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    concurrent_draft_ms: float = 0.0
+    verify_ms_by_k: dict = field(default_factory=dict)
+    draft_ms_steps: list = field(default_factory=list)
+    accepted_per_step: list = field(default_factory=list)
+    drafted_per_step: list = field(default_factory=list)
+    providers: dict = field(default_factory=dict)
+    fallbacks: list = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def overhead_ms(self) -> float:
+        return max(self.total_ms - self.prefill_ms - self.draft_ms - self.verify_ms + self.concurrent_draft_ms, 0.0)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tau(self) -> float | None:
+        return (self.new_tokens - self.prefill_tokens) / self.verify_forwards if self.verify_forwards else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1e3 * self.new_tokens / self.total_ms if self.total_ms > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        t = self.total_ms - self.ttft_ms
+        return 1e3 * (self.new_tokens - self.prefill_tokens) / t if t > 0 else 0.0
+
+    @property
+    def overhead_share(self) -> float | None:
+        t = self.total_ms - self.prefill_ms
+        return self.overhead_ms / t if t > 0 else None
+
+    def record_verify(self, k: int, ms: float) -> None:
+        self.verify_forwards += 1
+        self.target_forwards += 1
+        self.verify_ms += ms
+        self.verify_ms_by_k.setdefault(k, []).append(ms)
+
+    def to_dict(self) -> dict:
+        """All fields plus the derived values (JSON-ready)."""
+        d = asdict(self)
+        d["verify_ms_by_k"] = {str(k): v for k, v in self.verify_ms_by_k.items()}
+        for name in ("overhead_ms", "acceptance_rate", "tau", "tokens_per_s", "decode_tokens_per_s", "overhead_share"):
+            d[name] = getattr(self, name)
+        return d
+
+    def summary(self) -> str:
+        acc = "-" if self.acceptance_rate is None else f"{self.acceptance_rate:.3f}"
+        tau = "-" if self.tau is None else f"{self.tau:.2f}"
+        return (f"{self.strategy} k={self.draft_length}: {self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s, "
+                f"acceptance {acc}, tau {tau}, ttft {self.ttft_ms:.0f} ms, prefill {self.prefill_ms:.0f} ms, "
+                f"draft {self.draft_ms:.0f} ms, verify {self.verify_ms:.0f} ms, overhead {self.overhead_ms:.0f} ms, "
+                f"resyncs {self.drafter_resyncs}")

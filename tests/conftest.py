@@ -1,0 +1,97 @@
+"""Shared fixtures. Tiny random models + real `tokenizers` tokenizers, exported at test time (no
+downloads) into real bundles through edgespec's export code; built once per session (~10-20 s).
+
+Fixtures (session-scoped unless noted):
+  tiny_tokenizers      {"bytelevel": tokenizers.Tokenizer, "spiece": tokenizers.Tokenizer}
+  tiny_models          {"tiny-bl-a": hf_dir, "tiny-bl-b": hf_dir, "tiny-sp": hf_dir}
+  tiny_same_bundle     Path: target tiny-bl-a, drafter tiny-bl-b (same byte-level tokenizer), head pruned to 3/4
+  tiny_self_bundle     Path: tiny-bl-a as both target and pruned drafter (greedy acceptance ~1)
+  tiny_hetero_bundle   Path: target tiny-bl-a (byte-level), drafter tiny-sp (SentencePiece-style, pruned)
+  tiny_export_cache    Path of the ONNX export cache the tiny bundles used
+  copy_bundle          (function) copy_bundle(path) -> a private copy under tmp_path, safe to corrupt
+  smollm_self_bundle   Path: the real smollm-self pair exported with keep 8192 (marks: use with @pytest.mark.real)
+
+Never modify the session bundles in place: they are shared. Use `copy_bundle` first.
+Builder code lives in tests/tinymodels.py (`import tinymodels` works in tests: this file puts
+tests/ on sys.path).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+_TESTS = Path(__file__).resolve().parent
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+
+import tinymodels  # noqa: E402
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("edgespec-tiny")
+
+
+@pytest.fixture(scope="session")
+def _tiny_build(tiny_workdir) -> dict:
+    return tinymodels.build_tiny_bundles(tiny_workdir)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizers(_tiny_build) -> dict:
+    return _tiny_build["tokenizers"]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(_tiny_build) -> dict:
+    return _tiny_build["models"]
+
+
+@pytest.fixture(scope="session")
+def tiny_export_cache(_tiny_build, tiny_workdir) -> Path:
+    return tiny_workdir / "onnx-cache"
+
+
+@pytest.fixture(scope="session")
+def tiny_same_bundle(_tiny_build) -> Path:
+    return _tiny_build["same"]
+
+
+@pytest.fixture(scope="session")
+def tiny_self_bundle(_tiny_build) -> Path:
+    return _tiny_build["self"]
+
+
+@pytest.fixture(scope="session")
+def tiny_hetero_bundle(_tiny_build) -> Path:
+    return _tiny_build["hetero"]
+
+
+@pytest.fixture
+def copy_bundle(tmp_path):
+    """Return a function making a private, writable copy of a bundle (for corruption tests)."""
+    def _copy(path: Path, name: str = "bundle") -> Path:
+        dst = tmp_path / name
+        shutil.copytree(path, dst)
+        return dst
+
+    return _copy
+
+
+@pytest.fixture(scope="session")
+def smollm_self_bundle(tmp_path_factory) -> Path:
+    """The real smollm-self pair, keep 8192 (SmolLM2 from its pip package; the export is cached in the
+    user's edgespec cache, so later sessions reuse it). Only for tests marked `real`."""
+    from edgespec.export.bundle_writer import export_bundle
+    from edgespec.models import get_pair
+
+    pair = get_pair("smollm-self")
+    out = tmp_path_factory.mktemp("smollm") / "smollm-self"
+    export_bundle(pair.target, pair.drafter, out, keep=8192, pair=pair.name, progress=False)
+    return out

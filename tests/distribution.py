@@ -1,0 +1,136 @@
+"""Reusable harness: does a decoder sample from the target's distribution? (losslessness at T > 0)
+
+    from distribution import check_lossless
+    pvals = check_lossless(decoder, bundle, prompt_ids, n=2000, seed=0)   # {"x1": p, "x2": p, "x3|x1x2": p}
+    assert min(pvals.values()) > ALPHA
+
+What is tested, from `n` independent generations of 3 tokens (seeds seed..seed+n-1):
+- "x1", "x2": the empirical marginal of the 1st and 2nd generated token against the exact target
+  marginals P(x1) = p(x1 | prompt) and P(x2) = sum_x1 P(x1) p(x2 | prompt, x1), computed with the
+  target alone (one ORT forward per x1 with P(x1) >= 1e-9; the skipped mass bounds the error).
+  Pearson chi-square over every token with expected count >= 5, plus one "other" bucket (and an
+  "ended" bucket for EOS).
+- "x3|x1x2": the 3rd token *given the actual history* of each sample, by the randomised probability
+  integral transform: u = F(x3-) + v p(x3) with v ~ U(0,1) and F the CDF of p(. | prompt, x1, x2) in
+  token-id order, which is exactly U(0,1) under the null; chi-square over 20 equal bins.
+  With max_new_tokens=3 and a draft length >= 2, x2 and x3 come from one speculative block
+  (positions 1 and 2 of the draft chain), so the chain, not just its first step, is checked.
+
+The p-values are exact-ish (asymptotic chi-square; every expected count >= 5). With the threshold
+ALPHA = 1e-3 a correct decoder fails one p-value with probability <= 1e-3, i.e. a check of 3 p-values
+fails falsely with probability <= 3e-3; the seed is fixed, so a given run is deterministic.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats as sst
+
+from edgespec.runtime.kv import ModelRunner
+from edgespec.runtime.sampling import SamplingParams, probabilities
+from edgespec.runtime.sessions import create_session
+
+ALPHA = 1e-3
+MIN_EXPECTED = 5.0
+MIN_BRANCH_PROB = 1e-9
+
+
+class TargetOracle:
+    """Exact next-token distributions of the bundle's target (its own 1-thread session)."""
+
+    def __init__(self, bundle, params: SamplingParams):
+        sess, _ = create_session(bundle.target.onnx, "cpu", threads=1, role="oracle")
+        self.runner = ModelRunner(sess, "oracle")
+        self.params = params
+        self.vocab = bundle.target.vocab_size
+        self.eos = set(bundle.target.eos_ids)
+
+    def next_probs(self, prefix: list[int]) -> np.ndarray:
+        self.runner.reset()
+        logits = self.runner.forward(prefix)[-1:]
+        return probabilities(logits, self.params)[0]
+
+    def marginals(self, prompt_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(P(x1), P(x2)) over V + 1 categories, the last being "generation ended" (EOS before)."""
+        v = self.vocab
+        p1 = np.zeros(v + 1)
+        p1[:v] = self.next_probs(prompt_ids)
+        p2 = np.zeros(v + 1)
+        self.runner.reset()
+        self.runner.forward(prompt_ids)
+        base = self.runner.length
+        for x1 in np.flatnonzero(p1[:v] >= MIN_BRANCH_PROB):
+            if int(x1) in self.eos:
+                p2[v] += p1[x1]
+                continue
+            self.runner.crop(base)
+            logits = self.runner.forward([int(x1)])
+            p2[:v] += p1[x1] * probabilities(logits, self.params)[0]
+        p2 /= p2.sum()
+        return p1, p2
+
+
+def chisquare_pvalue(observed: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
+    """Pearson chi-square of category samples against probs: categories with expected count >= 5,
+    the rest pooled into one "other" bucket (dropped if its expectation is < 5)."""
+    n = observed.size
+    counts = np.bincount(observed, minlength=probs.size).astype(np.float64)
+    expected = probs * n
+    big = expected >= MIN_EXPECTED
+    obs = list(counts[big])
+    exp = list(expected[big])
+    rest_e, rest_o = expected[~big].sum(), counts[~big].sum()
+    if rest_e >= MIN_EXPECTED:
+        obs.append(rest_o)
+        exp.append(rest_e)
+    elif rest_o > 0 and rest_e == 0:
+        return 0.0, len(obs)           # samples where the target has probability 0
+    exp = np.asarray(exp)
+    exp *= np.sum(obs) / exp.sum()
+    res = sst.chisquare(np.asarray(obs), exp)
+    return float(res.pvalue), len(obs) - 1
+
+
+def pit_pvalue(u: np.ndarray, bins: int = 20) -> float:
+    counts = np.histogram(u, bins=bins, range=(0.0, 1.0))[0]
+    return float(sst.chisquare(counts).pvalue)
+
+
+def sample_tokens(decoder, prompt_ids: list[int], n: int, seed: int, params: SamplingParams,
+                  max_new_tokens: int = 3) -> np.ndarray:
+    """[n, max_new_tokens] generated ids, -1 after an early EOS."""
+    out = np.full((n, max_new_tokens), -1, dtype=np.int64)
+    for i in range(n):
+        r = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=params.temperature,
+                             top_k=params.top_k, top_p=params.top_p, seed=seed + i)
+        out[i, :len(r.token_ids)] = r.token_ids
+    return out
+
+
+def check_lossless(decoder, bundle, prompt_ids: list[int], n: int = 2000, seed: int = 0,
+                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                   samples: np.ndarray | None = None) -> dict:
+    """p-values {"x1", "x2", "x3|x1x2"} for `decoder` on `prompt_ids` (module docstring)."""
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    oracle = TargetOracle(bundle, params)
+    toks = samples if samples is not None else sample_tokens(decoder, prompt_ids, n, seed, params)
+    v = oracle.vocab
+    p1, p2 = oracle.marginals(prompt_ids)
+    x1 = toks[:, 0]
+    x2 = np.where(toks[:, 1] >= 0, toks[:, 1], v)
+    out = {"x1": chisquare_pvalue(x1, p1)[0], "x2": chisquare_pvalue(x2, p2)[0]}
+    # x3 given the history: randomised PIT in token-id order
+    rng = np.random.default_rng(seed + 10**6)
+    u = []
+    cache: dict[tuple[int, int], np.ndarray] = {}
+    for a, b, c in toks:
+        if c < 0:
+            continue
+        key = (int(a), int(b))
+        if key not in cache:
+            cache[key] = np.cumsum(oracle.next_probs(list(prompt_ids) + [*key]))
+        cdf = cache[key]
+        lo = cdf[c - 1] if c > 0 else 0.0
+        u.append(lo + rng.random() * (cdf[c] - lo))
+    if len(u) >= 20 * MIN_EXPECTED:
+        out["x3|x1x2"] = pit_pvalue(np.asarray(u))
+    return out

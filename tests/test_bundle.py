@@ -1,0 +1,145 @@
+"""runtime/bundle.py: loading, validation, hash/corruption/version errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from edgespec.errors import BundleError
+from edgespec.runtime import Bundle
+from edgespec.runtime import bundle as B
+
+
+def test_load_attributes(tiny_same_bundle):
+    b = Bundle.load(tiny_same_bundle)
+    m = b.manifest
+    assert m["format"] == "edgespec-bundle" and m["format_version"] == 1
+    assert b.target.onnx.is_file() and b.drafter.onnx.is_file()
+    assert b.kept == m["vocab"]["kept"] == m["drafter"]["kept"]
+    assert b.index_map.dtype == np.int64 and b.draft_ids.dtype == np.int64
+    assert b.drafter_to_target.shape == (m["drafter"]["vocab_size"],)
+    assert b.target_to_drafter.shape == (m["target"]["vocab_size"],)
+    assert np.array_equal(b.index_map, b.drafter_to_target[b.draft_ids])
+    assert b.target.tokenizer.get_vocab_size() > 100 and b.drafter.tokenizer is not None
+    assert b.chat_template and "<|im_start|>" in b.chat_template
+    assert b.target.eos_ids and b.target.bos_id is not None
+    assert {"index_map", "draft_ids", "logits"} <= set(b.drafter.io["outputs"])
+    assert b.prior is None and b.affinity is None and b.a_star is None
+    assert b.vocab["format"] == "edgespec-vocab"
+    for rel, meta in m["files"].items():
+        assert (tiny_same_bundle / rel).stat().st_size == meta["bytes"]
+
+
+@pytest.mark.parametrize("mode", ["full", "fast", "none"])
+def test_verify_modes_ok(tiny_hetero_bundle, mode):
+    Bundle.load(tiny_hetero_bundle, verify=mode)
+
+
+def test_bad_verify_mode(tiny_self_bundle):
+    with pytest.raises(BundleError, match="verify"):
+        Bundle.load(tiny_self_bundle, verify="quick")
+
+
+def _flip_byte(path, pos=-100):
+    data = bytearray(path.read_bytes())
+    data[pos] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_file_detected(tiny_same_bundle, copy_bundle):
+    b = copy_bundle(tiny_same_bundle)
+    _flip_byte(b / "drafter" / "model.onnx")
+    with pytest.raises(BundleError, match=r"drafter/model.onnx is corrupt \(sha256"):
+        Bundle.load(b, verify="full")
+    Bundle.load(b, verify="none")  # the caller may opt out of hashing
+
+
+def test_fast_mode_skips_hashing_large_files_but_checks_size(tiny_same_bundle, copy_bundle, monkeypatch):
+    b = copy_bundle(tiny_same_bundle)
+    monkeypatch.setattr(B, "FAST_HASH_LIMIT", 100_000)  # tiny graphs count as "large" here
+    _flip_byte(b / "target" / "model.onnx")
+    Bundle.load(b, verify="fast")  # same size, not hashed
+    with pytest.raises(BundleError, match="sha256"):
+        Bundle.load(b, verify="full")
+    with open(b / "target" / "model.onnx", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(BundleError, match=r"target/model.onnx is corrupt \(size"):
+        Bundle.load(b, verify="fast")
+
+
+def test_small_file_corruption_caught_in_fast_mode(tiny_same_bundle, copy_bundle):
+    b = copy_bundle(tiny_same_bundle)
+    arr = np.load(b / "vocab" / "index_map.npy")
+    arr[0] = (arr[0] + 1) % 7
+    np.save(b / "vocab" / "index_map.npy", arr)
+    with pytest.raises(BundleError, match="index_map.npy is corrupt"):
+        Bundle.load(b, verify="fast")
+
+
+@pytest.mark.parametrize("rel", ["drafter/model.onnx", "target/tokenizer.json", "vocab/draft_ids.npy"])
+def test_missing_file(tiny_same_bundle, copy_bundle, rel):
+    b = copy_bundle(tiny_same_bundle)
+    (b / rel).unlink()
+    with pytest.raises(BundleError, match=f"missing file {rel}"):
+        Bundle.load(b, verify="none")
+
+
+def test_version_mismatch(tiny_same_bundle, copy_bundle):
+    b = copy_bundle(tiny_same_bundle)
+    m = json.loads((b / "manifest.json").read_text())
+    m["format_version"] = 99
+    (b / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="format_version 99"):
+        Bundle.load(b)
+
+
+def test_not_a_bundle(tmp_path):
+    with pytest.raises(BundleError, match="does not exist"):
+        Bundle.load(tmp_path / "nope")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(BundleError, match="manifest.json is missing"):
+        Bundle.load(tmp_path / "d")
+    (tmp_path / "d" / "manifest.json").write_text("{not json")
+    with pytest.raises(BundleError, match="corrupt"):
+        Bundle.load(tmp_path / "d")
+    (tmp_path / "d" / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(BundleError, match="not an edgespec bundle"):
+        Bundle.load(tmp_path / "d")
+
+
+def test_missing_io_names(tiny_same_bundle, copy_bundle):
+    b = copy_bundle(tiny_same_bundle)
+    m = json.loads((b / "manifest.json").read_text())
+    m["drafter"]["io"]["outputs"].remove("index_map")
+    (b / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="index_map"):
+        Bundle.load(b)
+
+
+def test_onnx_io_matches_manifest(tiny_hetero_bundle):
+    import onnxruntime as ort
+
+    b = Bundle.load(tiny_hetero_bundle)
+    for side in (b.target, b.drafter):
+        s = ort.InferenceSession(str(side.onnx), providers=["CPUExecutionProvider"])
+        assert [i.name for i in s.get_inputs()] == side.io["inputs"]
+        assert [o.name for o in s.get_outputs()] == side.io["outputs"]
+
+
+def test_runtime_imports_no_torch():
+    code = ("import sys; import edgespec.runtime, edgespec.runtime.bundle, edgespec.runtime.vocab; "
+            "bad = [m for m in ('torch', 'transformers', 'optimum') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_csr_helper():
+    csr = B.CSR(data=np.array([1.0, 2.0, 3.0], np.float32), indices=np.array([0, 2, 1]), indptr=np.array([0, 2, 3]),
+                shape=(2, 3))
+    assert csr.to_dense().tolist() == [[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]
+    cols, vals = csr.row(1)
+    assert cols.tolist() == [1] and vals.tolist() == [3.0]

@@ -1,0 +1,98 @@
+"""Execution providers: names, the 'is it really active' check, fallback, noise, thread options."""
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from edgespec.errors import EPError
+from edgespec.runtime import SpeculativeDecoder
+from edgespec.runtime.sessions import create_session, resolve_providers, session_options
+
+
+def test_resolve_names_aliases_and_lists():
+    assert resolve_providers("cpu") == [("CPUExecutionProvider", {})]
+    assert resolve_providers("CUDA") == [("CUDAExecutionProvider", {})]
+    assert resolve_providers(None) == [("CPUExecutionProvider", {})]
+    for alias in ("tensorrt", "dml", "qnn", "openvino", "coreml", "rocm"):
+        assert resolve_providers(alias)[0][0].endswith("ExecutionProvider")
+    got = resolve_providers([("CUDAExecutionProvider", {"device_id": 0}), "cpu"])
+    assert got == [("CUDAExecutionProvider", {"device_id": 0}), ("CPUExecutionProvider", {})]
+
+
+@pytest.mark.parametrize("bad", ["npu", "FooExecutionProvider", [], [42]])
+def test_unknown_ep_is_refused(bad):
+    with pytest.raises(EPError):
+        resolve_providers(bad)
+
+
+def test_unknown_ep_names_the_choices():
+    with pytest.raises(EPError, match="cuda.*openvino"):
+        resolve_providers("npu")
+
+
+def _session_or_skip(path, ep):
+    """Skip where the EP genuinely works (a GPU machine): the test is about an inactive EP."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess, info = create_session(path, ep, threads=1, allow_fallback=True)
+    if info.fallback is None:
+        pytest.skip(f"{ep} is really active on this machine")
+    return info
+
+
+def test_inactive_cuda_raises_naming_what_is_active(tiny_self_bundle):
+    onnx = tiny_self_bundle / "target" / "model.onnx"
+    _session_or_skip(onnx, "cuda")
+    with pytest.raises(EPError, match="CUDAExecutionProvider is not active.*runs on CPUExecutionProvider"):
+        create_session(onnx, "cuda", threads=1)
+
+
+def test_cuda_load_noise_is_hidden(tiny_self_bundle):
+    """ORT logs the failed CUDA library load only on the first attempt in a process: use a fresh one."""
+    _session_or_skip(tiny_self_bundle / "target" / "model.onnx", "cuda")
+    code = ("from edgespec.runtime.sessions import create_session\n"
+            "try:\n    create_session(%r, 'cuda', threads=1)\nexcept Exception as e:\n    print(type(e).__name__)\n"
+            % str(tiny_self_bundle / "target" / "model.onnx"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.stdout.strip() == "EPError"
+    assert "Failed to load library" not in out.stderr and "Failed to create CUDAExecutionProvider" not in out.stderr
+
+
+def test_allow_fallback_warns_and_records(tiny_self_bundle):
+    _session_or_skip(tiny_self_bundle / "target" / "model.onnx", "cuda")
+    with pytest.raises(EPError, match="allow_fallback"):
+        SpeculativeDecoder(tiny_self_bundle, strategy="tli", ep="cuda", threads=1)
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        dec = SpeculativeDecoder(tiny_self_bundle, strategy="tli", ep="cuda", threads=1, allow_fallback=True)
+    st = dec.generate("hello", max_new_tokens=3).stats
+    assert st.fallbacks == ["target: CUDAExecutionProvider -> CPUExecutionProvider",
+                            "drafter: CUDAExecutionProvider -> CPUExecutionProvider"]
+    assert st.providers == {"target": ["CPUExecutionProvider"], "drafter": ["CPUExecutionProvider"]}
+
+
+def test_draft_ep_can_differ(tiny_self_bundle):
+    _session_or_skip(tiny_self_bundle / "target" / "model.onnx", "cuda")
+    with pytest.warns(RuntimeWarning):
+        dec = SpeculativeDecoder(tiny_self_bundle, strategy="tli", ep="cpu", draft_ep="cuda", threads=1,
+                                 allow_fallback=True)
+    assert dec.target_session_info.fallback is None
+    assert dec.drafter_session_info.requested[0] == "CUDAExecutionProvider"
+    st = dec.generate("hello", max_new_tokens=2).stats
+    assert st.fallbacks == ["drafter: CUDAExecutionProvider -> CPUExecutionProvider"]
+
+
+def test_unknown_ep_in_decoder(tiny_self_bundle):
+    with pytest.raises(EPError, match="unknown execution provider"):
+        SpeculativeDecoder(tiny_self_bundle, ep="npu")
+
+
+def test_thread_options():
+    so = session_options(2)
+    assert so.intra_op_num_threads == 2
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert session_options(1).intra_op_num_threads == 1
+    with pytest.raises(EPError):
+        session_options(0)
