@@ -73,29 +73,29 @@ class SkipFile(Exception):
 
 # --------------------------------------------------------------------------- inputs
 
-def expand_inputs(specs: Iterable[str]) -> list[Path]:
+def expand_inputs(specs: Iterable[str], option: str = "--data") -> list[Path]:
     """Files named by paths, directories and globs, de-duplicated, each spec sorted."""
     out: list[Path] = []
     seen: set[Path] = set()
     specs = list(specs)
     if not specs:
-        raise CalibrationError("no --data given: name files, directories or globs to count")
+        raise CalibrationError(f"no {option} given: name files, directories or globs to count")
     for spec in specs:
         if any(c in GLOB_CHARS for c in spec):
             found = sorted(Path(p) for p in glob.glob(str(Path(spec).expanduser()), recursive=True))
             files = [p for p in found if p.is_file()]
             if not files:
-                raise CalibrationError(f"--data {spec!r}: the glob matches no files")
+                raise CalibrationError(f"{option} {spec!r}: the glob matches no files")
         else:
             p = Path(spec).expanduser()
             if p.is_dir():
                 files = sorted(q for q in p.rglob("*") if q.is_file())
                 if not files:
-                    raise CalibrationError(f"--data {spec!r}: the directory holds no files")
+                    raise CalibrationError(f"{option} {spec!r}: the directory holds no files")
             elif p.is_file():
                 files = [p]
             else:
-                raise CalibrationError(f"--data {spec!r}: no such file or directory")
+                raise CalibrationError(f"{option} {spec!r}: no such file or directory")
         for f in files:
             r = f.resolve()
             if r not in seen:

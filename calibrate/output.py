@@ -39,8 +39,19 @@ def save_npz(path: Path, **arrays: np.ndarray) -> None:
                 np.lib.format.write_array(f, np.asarray(arr), allow_pickle=False)
 
 
+def dumps(doc, indent: int = 0) -> str:
+    """Indented JSON with lists of numbers on one line (kept_ids, curves)."""
+    pad, inner = " " * indent, " " * (indent + 1)
+    if isinstance(doc, dict) and doc:
+        items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {dumps(v, indent + 1)}" for k, v in doc.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(doc, (list, tuple)) and doc and not all(isinstance(v, (int, float)) for v in doc):
+        return "[\n" + ",\n".join(inner + dumps(v, indent + 1) for v in doc) + "\n" + pad + "]"
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+
+
 def write_json(path: Path, doc: dict) -> None:
-    path.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    path.write_text(dumps(doc) + "\n", encoding="utf-8")
 
 
 def versions() -> dict:
@@ -69,6 +80,7 @@ class AtomicOutput:
             raise CalibrationError(f"--out {self.paths['vocab']} is a directory; give a file name like vocab.json")
         self.tmp = parent / f".{self.paths['vocab'].name}.tmp-{os.getpid()}"
         self.committed = False
+        self.extra: dict[Path, Path] = {}      # more files to move into place at commit (tmp -> final)
 
     def __enter__(self) -> "AtomicOutput":
         if self.tmp.exists():
@@ -97,6 +109,8 @@ class AtomicOutput:
         for name, key in (("coverage.json", "curve_json"), ("coverage.png", "curve_png")):
             if (self.tmp / name).exists():
                 os.replace(self.tmp / name, self.paths[key])
+        for src, dst in self.extra.items():
+            shutil.move(str(src), str(dst))          # may cross file systems
         os.replace(self.tmp / "vocab.json", self.paths["vocab"])     # last: the commit point
         self.committed = True
 

@@ -86,6 +86,10 @@ def check_config(cfg: CalibrationConfig) -> list[float]:
         raise CalibrationError("--source raw needs --data PATH_OR_GLOB")
     if {"target", "drafter"} & set(cfg.sources) and not cfg.prompts:
         raise CalibrationError("--source target/drafter needs --prompts humaneval|FILE.jsonl")
+    if cfg.save_text is not None and not Path(cfg.save_text).expanduser().parent.is_dir():
+        raise CalibrationError(f"--save-text {cfg.save_text}: the directory does not exist")
+    if cfg.save_text is not None and not {"target", "drafter"} & set(cfg.sources):
+        raise CalibrationError("--save-text needs a generated source (target or drafter)")
     if cfg.affinity is not None and cfg.affinity not in ("cooc", "cov"):
         raise CalibrationError(f"unknown --affinity {cfg.affinity!r}; use cooc or cov")
     if cfg.affinity_topk < 1:
@@ -130,7 +134,8 @@ def calibrate(cfg: CalibrationConfig) -> dict:
 
             priors_meta.update(teacher_forced_priors(cfg, models, selection.kept_ids, gens, weights, out.priors, prior))
         if cfg.save_text is not None:
-            _save_generations(cfg.save_text, gens, models)
+            _save_generations(out.tmp / "generations.jsonl", gens, models)
+            out.extra[out.tmp / "generations.jsonl"] = Path(cfg.save_text)
         provenance = {
             "source": cfg.sources[0] if len(cfg.sources) == 1 else "mix",
             "sources": {s: per_source[s]["info"] for s in cfg.sources},
@@ -206,7 +211,7 @@ def _heldout_counts(path_specs: list[str], models) -> tuple[np.ndarray, dict]:
     read as their token ids when they were made with the drafter's tokenizer, else as text."""
     from edgespec.calibrate.counts import TokenCounter, count_corpus, expand_inputs, is_jsonl
 
-    paths = expand_inputs(path_specs)
+    paths = expand_inputs(path_specs, "--heldout")
     counter = TokenCounter(models.d_tok, models.v_d, "drafter")
     by_field: dict[str, list[Path]] = {}
     for p in paths:
@@ -258,15 +263,13 @@ def _corpus_description(cfg: CalibrationConfig) -> str:
 
 
 def _save_generations(path: Path, gens: dict, models) -> None:
-    """Generated texts as jsonl (one record per prompt) for held-out coverage checks; atomic."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    """Generated texts as jsonl (one record per prompt), e.g. for held-out coverage checks."""
+    with open(path, "w", encoding="utf-8") as f:
         for source, items in gens.items():
             h = models.t_hash if source == "target" else models.d_hash
             for g in items:
                 f.write(json.dumps({"source": source, "id": g.prompt_id, "text": g.text,
                                     "token_ids": g.ids.tolist(), "vocab_hash": h}, ensure_ascii=False) + "\n")
-    tmp.replace(path)
 
 
 def sample_raw_texts(paths: list[Path], n_chars: int, seed: int, limit: int = 400) -> list[str]:

@@ -49,8 +49,8 @@ class ByteOffsets:
 
         self.tok = as_tokenizer(tokenizer)
         table = token_table(self.tok)
-        self.lengths = np.array([len(k[len(b"special:"):]) if k and k.startswith(b"special:") else len(k or b"")
-                                 for k in table.keys], dtype=np.int64)
+        self.pieces = [k[len(b"special:"):] if k and k.startswith(b"special:") else (k or b"") for k in table.keys]
+        self.lengths = np.array([len(k) for k in self.pieces], dtype=np.int64)
         self.n_prefix = len(special_affixes(self.tok)[0])
 
     def encode(self, text: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -66,17 +66,30 @@ class ByteOffsets:
         starts = np.concatenate([[0], np.cumsum(lens)[:-1]]) - shift
         return ids, starts
 
+    def text_of(self, ids: np.ndarray, prompt: bytes) -> tuple[str, np.ndarray, np.ndarray] | None:
+        """Decode known ids to (text, ids, starts): a leading BOS that is not in `prompt` counts as zero
+        bytes, and the text stops before the first byte that is not valid UTF-8 (a character split
+        across tokens at the end), dropping the tokens beyond it."""
+        ids = np.asarray(ids, dtype=np.int64)
+        pieces = [self.pieces[i] if i < len(self.pieces) else b"" for i in ids]
+        lens = np.array([len(p) for p in pieces], dtype=np.int64)
+        blob = b"".join(pieces)
+        if not blob.startswith(prompt):
+            if ids.size and blob[lens[0]:].startswith(prompt):
+                blob, lens[0] = blob[lens[0]:], 0
+            else:
+                return None
+        try:
+            text = blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            text = blob[: exc.start].decode("utf-8", errors="ignore")
+        ends = np.cumsum(lens)
+        keep = int(np.searchsorted(ends, len(text.encode("utf-8")), side="right"))
+        return text, ids[:keep], (ends - lens)[:keep]
 
-def aligned_sequence(text: str, start_byte: int, t_off: ByteOffsets, d_off: ByteOffsets,
-                     max_len: int | None = None) -> TFSequence | None:
-    """Positions where both tokenizations start a token at the same byte offset >= start_byte."""
-    t = t_off.encode(text)
-    d = d_off.encode(text)
-    if t is None or d is None:
-        return None
-    t_ids, t_starts = t[0][:max_len], t[1][:max_len]
-    d_ids, d_starts = d[0][:max_len], d[1][:max_len]
 
+def _pair_boundaries(t_starts: np.ndarray, d_starts: np.ndarray, start_byte: int) -> np.ndarray | None:
+    """(target row, drafter row) where both next tokens start at the same byte offset >= start_byte."""
     def first_index(starts):
         idx = np.arange(1, starts.size)            # token i is predicted at row i - 1
         ok = (starts[1:] >= max(start_byte, 1)) & (np.diff(starts) > 0)   # first token at each offset
@@ -86,8 +99,40 @@ def aligned_sequence(text: str, start_byte: int, t_off: ByteOffsets, d_off: Byte
     common = sorted(set(ti) & set(di))
     if not common:
         return None
-    pairs = np.array([[ti[b], di[b]] for b in common], dtype=np.int64)
-    return TFSequence(t_ids, d_ids, pairs)
+    return np.array([[ti[b], di[b]] for b in common], dtype=np.int64)
+
+
+def aligned_sequence(text: str, start_byte: int, t_off: ByteOffsets, d_off: ByteOffsets,
+                     max_len: int | None = None) -> TFSequence | None:
+    """Both tokenizers encode `text`; positions where both start a token at the same byte offset."""
+    t = t_off.encode(text)
+    d = d_off.encode(text)
+    if t is None or d is None:
+        return None
+    t_ids, t_starts = t[0][:max_len], t[1][:max_len]
+    d_ids, d_starts = d[0][:max_len], d[1][:max_len]
+    pairs = _pair_boundaries(t_starts, d_starts, start_byte)
+    return None if pairs is None else TFSequence(t_ids, d_ids, pairs)
+
+
+def aligned_generation(ids: np.ndarray, prompt_text: str, own: ByteOffsets, other: ByteOffsets,
+                       own_is_target: bool, max_len: int | None = None) -> TFSequence | None:
+    """A generated sequence (prompt + generated ids of the generating model, `own`) against the other
+    tokenizer's encoding of the same text; positions in the generated part only."""
+    prompt = prompt_text.encode("utf-8")
+    decoded = own.text_of(np.asarray(ids)[:max_len], prompt)
+    if decoded is None:
+        return None
+    text, own_ids, own_starts = decoded
+    enc = other.encode(text)
+    if enc is None:
+        return None
+    other_ids, other_starts = enc[0][:max_len], enc[1][:max_len]
+    if own_is_target:
+        pairs = _pair_boundaries(own_starts, other_starts, len(prompt))
+        return None if pairs is None else TFSequence(own_ids, other_ids, pairs)
+    pairs = _pair_boundaries(other_starts, own_starts, len(prompt))
+    return None if pairs is None else TFSequence(other_ids, own_ids, pairs)
 
 
 # --------------------------------------------------------------------------- logit sources
@@ -221,9 +266,6 @@ def run_pass(sequences, target_fn, drafter_fn, index_map: np.ndarray, temperatur
             bar.update(int(p.shape[0]))
     finally:
         bar.close()
-    if stats.positions == 0:
-        raise CalibrationError("teacher-forced pass: no usable positions (empty calibration text, or no aligned "
-                               "token boundaries between the two tokenizers)")
     if stats.skipped_sequences:
         print(f"edgespec: warning: {stats.skipped_sequences} sequence(s) could not be aligned and were skipped",
               file=sys.stderr)

@@ -8,29 +8,30 @@ TLI, exact RDK with the new M and Taylor RDK with the prior (a quick check that 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from edgespec.calibrate.output import save_npz, write_json
+from edgespec.calibrate.output import write_json
+from edgespec.errors import CalibrationError
 
 HELDOUT_TOP = 512
 
 
-def _sequences(cfg, models, source: str, gens: list, budget: int):
-    from edgespec.calibrate.teacher import ByteOffsets, aligned_sequence, same_tokenizer_sequence
+def _sequences(cfg, models, source: str, gens: list):
+    from edgespec.calibrate.teacher import ByteOffsets, aligned_generation, aligned_sequence, same_tokenizer_sequence
 
     same = models.same_tokenizer
     offsets = None if same else (ByteOffsets(models.t_tok), ByteOffsets(models.d_tok))
     if source in ("target", "drafter"):
+        t_off, d_off = offsets or (None, None)
+        own, other = (t_off, d_off) if source == "target" else (d_off, t_off)
         for g in gens:
+            ids = np.concatenate([g.prompt_ids, g.ids])
             if same:
-                ids = np.concatenate([g.prompt_ids, g.ids])
                 yield same_tokenizer_sequence(ids, g.prompt_ids.size, cfg.tf_max_len)
             else:
-                yield aligned_sequence(g.prompt_text + g.text, len(g.prompt_text.encode("utf-8")), *offsets,
-                                       max_len=cfg.tf_max_len)
+                yield aligned_generation(ids, g.prompt_text, own, other, source == "target", cfg.tf_max_len)
         return
     from edgespec.calibrate.counts import expand_inputs
     from edgespec.calibrate.run import sample_raw_texts
@@ -81,11 +82,15 @@ def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights
         budget = int(round(cfg.tf_positions * w))
         if budget < 1:
             continue
-        stats = run_pass(_sequences(cfg, models, source, gens.get(source) or [], budget), target_fn, drafter_fn,
+        stats = run_pass(_sequences(cfg, models, source, gens.get(source) or []), target_fn, drafter_fn,
                          index_map, cfg.prior_temperature, consumers, budget, heldout=heldout,
                          progress=cfg.progress)
         for k in totals:
             totals[k] += getattr(stats, k)
+    if totals["positions"] == 0:
+        raise CalibrationError("teacher-forced pass: no usable positions (empty calibration text, or no aligned "
+                               f"token boundaries between the two tokenizers; {totals['skipped_sequences']} "
+                               "sequence(s) skipped)")
     common = {"temperature": cfg.prior_temperature, "drafter_logits": drafter_desc, **totals,
               "tf_max_len": cfg.tf_max_len, "sources": dict(zip(cfg.sources, weights))}
     meta: dict = {}

@@ -397,9 +397,16 @@ def _write_bundle(root: Path, t_src, d_src, t_exp, d_exp, t_info, d_info, t_tok,
 
     updates = transform(root) if transform is not None else None
 
-    t_stats = prune.weight_stats(root / "target" / "model.onnx")
-    d_full_stats = prune.weight_stats(d_exp.onnx)
-    d_stats = prune.weight_stats(root / "drafter" / "model.onnx")
+    # Graph statistics: from the export cache / the prune step, unless a transform changed the graphs.
+    d_full_stats = d_exp.meta.get("weight_stats") or prune.weight_stats(d_exp.onnx)
+    if transform is None:
+        t_stats = t_exp.meta.get("weight_stats") or prune.weight_stats(root / "target" / "model.onnx")
+        d_stats = pinfo["weight_stats"]
+        ios = {"target": t_exp.meta.get("io") or ox.io_names(root / "target" / "model.onnx"), "drafter": pinfo["io"]}
+    else:
+        t_stats = prune.weight_stats(root / "target" / "model.onnx")
+        d_stats = prune.weight_stats(root / "drafter" / "model.onnx")
+        ios = {sub: ox.io_names(root / sub / "model.onnx") for sub in ("target", "drafter")}
     files = _manifest_files(root)
 
     def side(src, exp, info, tok, stats, sub) -> dict:
@@ -412,7 +419,7 @@ def _write_bundle(root: Path, t_src, d_src, t_exp, d_exp, t_info, d_info, t_tok,
             "tie_word_embeddings": info["tie_word_embeddings"],
             "params": int(exp.meta["params"]), "graph_params": stats["params"],
             "bytes_per_forward": stats["bytes_per_forward"], "dtype": "float32", "quantization": None,
-            "tokenizer": tok.manifest(), "io": ox.io_names(root / sub / "model.onnx"),
+            "tokenizer": tok.manifest(), "io": ios[sub],
             "export_cache_key": exp.dir.name,
         }
 
@@ -420,7 +427,7 @@ def _write_bundle(root: Path, t_src, d_src, t_exp, d_exp, t_info, d_info, t_tok,
     drafter.update({"kept": int(ids.size), "params_pruned": d_stats["params"],
                     "params_full_graph": d_full_stats["params"],
                     "bytes_per_forward_full": d_full_stats["bytes_per_forward"],
-                    "head": {k: v for k, v in pinfo.items() if k != "external_data"}})
+                    "head": {k: v for k, v in pinfo.items() if k not in ("external_data", "weight_stats", "io")}})
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "edgespec_version": __version__,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -463,6 +470,17 @@ def _copy_priors(kept: KeptVocab, dst: Path, v_t: int, v_d: int) -> dict:
     if kept.priors_dir is None:
         return res
     src = kept.priors_dir
+    # The calibrator records the priors' digests in the vocab file: refuse priors that changed since.
+    digests = (kept.doc.get("provenance") or {}).get("priors_files") or {}
+    if isinstance(digests, dict):
+        from edgespec.export.onnx_export import file_digest
+
+        for name, digest in digests.items():
+            f = src / name
+            if not f.is_file():
+                raise ExportError(f"priors file {f} named by the vocab file is missing")
+            if file_digest(f) != digest:
+                raise ExportError(f"priors file {f} does not match the vocab file (sha256 differs); recalibrate")
     if (src / "prior.npy").is_file():
         shutil.copyfile(src / "prior.npy", dst / "prior.npy")
         res["prior"] = "vocab/prior.npy"

@@ -56,13 +56,16 @@ class CachedExport:
 
 
 def _versions() -> dict:
-    import onnx
-    import optimum.version
-    import torch
-    import transformers
+    """Versions of the export stack, from package metadata (importing torch just for a cache key is slow)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "optimum": optimum.version.__version__, "onnx": onnx.__version__}
+    out = {}
+    for name in ("torch", "transformers", "optimum", "onnx"):  # (the key of existing caches depends on this set)
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 TORCH_ATOL = 1e-3
@@ -224,10 +227,11 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def io_names(path: Path) -> dict:
+def io_names(path_or_model) -> dict:
     import onnx
 
-    m = onnx.load(str(path), load_external_data=False)
+    m = path_or_model if isinstance(path_or_model, onnx.ModelProto) else \
+        onnx.load(str(path_or_model), load_external_data=False)
     inits = {t.name for t in m.graph.initializer}
     return {"inputs": [i.name for i in m.graph.input if i.name not in inits],
             "outputs": [o.name for o in m.graph.output]}
@@ -320,8 +324,14 @@ def _export_into(hf_dir: Path, out: Path, name: str, source_sha256: str, progres
     diff = check["target_vs_torch_max_abs_diff"]
     fix_modes(out)
     files = {f.name: {"sha256": file_digest(f), "bytes": f.stat().st_size} for f in sorted(out.iterdir())}
+    import onnx
+
+    from edgespec.export.prune import weight_stats
+
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
     meta = {"name": name, "source_sha256": source_sha256, "hf_dir": str(hf_dir), "task": TASK, "dtype": "float32",
-            "external_data": external, "info": info, "params": int(params), "io": io_names(out / "model.onnx"),
+            "external_data": external, "info": info, "params": int(params), "io": io_names(graph),
+            "weight_stats": weight_stats(graph),
             "versions": _versions(), "revision": EXPORT_REVISION, "export_seconds": round(export_s, 1),
             "check": {"input": {"seed": CHECK_SEED, "prefill": CHECK_PREFILL, "decode": CHECK_DECODE}, **check},
             "files": files}

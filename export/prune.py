@@ -180,8 +180,11 @@ def prune_head(src: Path, dst_dir: Path, keep: np.ndarray, index_map: np.ndarray
         _stream_external(model, src.parent, dst_dir)
     else:
         onnx.save_model(model, str(dst_dir / "model.onnx"))
+    from edgespec.export.onnx_export import io_names
+
     return {"layout": layout, "hidden": int(hidden), "vocab": int(vocab), "kept": k, "external_data": external,
-            "head_shared_with_embedding": shared, "head_initializer": w_init.name}
+            "head_shared_with_embedding": shared, "head_initializer": w_init.name,
+            "weight_stats": weight_stats(model), "io": io_names(model)}
 
 
 def _stream_external(model, src_dir: Path, dst_dir: Path) -> None:
@@ -229,14 +232,15 @@ def _stream_external(model, src_dir: Path, dst_dir: Path) -> None:
     onnx.save_model(model, str(dst_dir / "model.onnx"))
 
 
-def weight_stats(onnx_path: Path) -> dict:
+def weight_stats(onnx_path_or_model) -> dict:
     """Parameter count and bytes one decode forward reads, from the graph's initializers.
 
     An initializer consumed only as the data input of Gather ops (an embedding table) counts one row;
     everything else counts in full (a pruned head is already K columns wide)."""
     import onnx
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = onnx_path_or_model if isinstance(onnx_path_or_model, onnx.ModelProto) else \
+        onnx.load(str(onnx_path_or_model), load_external_data=False)
     graph = model.graph
     uses: dict[str, list] = {}
     for n in graph.node:
@@ -246,14 +250,20 @@ def weight_stats(onnx_path: Path) -> dict:
     bytes_fwd = 0
     for t in graph.initializer:
         numel = int(np.prod([int(d) for d in t.dims])) if len(t.dims) else 1
-        itemsize = _np_dtype(t).itemsize
+        if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+            itemsize = 0.5
+        else:
+            try:
+                itemsize = _np_dtype(t).itemsize
+            except (KeyError, TypeError, ValueError):
+                itemsize = 1
         if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) or \
                 t.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4,
                                 onnx.TensorProto.UINT4):
             params += numel if numel > 1 else 0
         u = uses.get(t.name, [])
         if u and len(t.dims) == 2 and all(op == "Gather" and idx == 0 for op, idx in u):
-            bytes_fwd += int(t.dims[1]) * itemsize
+            bytes_fwd += int(int(t.dims[1]) * itemsize)
         else:
-            bytes_fwd += numel * itemsize
+            bytes_fwd += int(numel * itemsize)
     return {"params": int(params), "bytes_per_forward": int(bytes_fwd)}

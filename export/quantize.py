@@ -2,8 +2,9 @@
 
 Schemes (`quantize_onnx(src, dst, scheme=...)`):
   int4          `MatMulNBitsQuantizer`, 4-bit block-wise weights (MatMulNBits) for every MatMul with a
-                constant weight, the LM head included (a pruned drafter head too), and by default the
-                embedding Gather (GatherBlockQuantized, block-wise along the hidden axis).
+                constant weight, the LM head included (a pruned drafter head too), and on request
+                (`embedding=True`) the embedding Gather (GatherBlockQuantized, block-wise along the
+                hidden axis; it shrinks the file but not the bytes per forward, which read one row).
   int8          the same quantizer with bits=8: weight-only block-wise 8-bit MatMulNBits (the
                 embedding stays float: ORT's quantizer does 4-bit Gathers only).
   int8-dynamic  `quantize_dynamic`: int8 weights (per output channel) and activations quantized on
@@ -177,7 +178,7 @@ def materialize_transposed_heads(model) -> int:
 # ----------------------------------------------------------------------------- quantization
 
 def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4", block_size: int = DEFAULT_BLOCK_SIZE,
-                  accuracy_level: int | None = None, ep: str = "cpu", embedding: bool = True,
+                  accuracy_level: int | None = None, ep: str = "cpu", embedding: bool = False,
                   symmetric: bool = False) -> dict:
     """Quantize the float graph at `src_model_path` into `dst_model_path` (+ `<name>.data` when large).
 
@@ -214,10 +215,12 @@ def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4", block_si
     root_old = logging.getLogger().level
     logging.getLogger().setLevel(logging.ERROR)
     try:
-        if scheme == "int8-dynamic":
-            model = _quantize_dynamic(model, dst)
-        else:
-            model = _quantize_nbits(model, 4 if scheme == "int4" else 8, block_size, accuracy_level, embedding, symmetric)
+        with np.errstate(divide="ignore", invalid="ignore"):  # all-zero blocks (e.g. a zero pad-token row)
+            if scheme == "int8-dynamic":
+                model = _quantize_dynamic(model, dst)
+            else:
+                model = _quantize_nbits(model, 4 if scheme == "int4" else 8, block_size, accuracy_level, embedding,
+                                        symmetric)
     finally:
         quiet.level = old
         logging.getLogger().setLevel(root_old)
@@ -360,3 +363,17 @@ def file_size(onnx_path) -> int:
     p = Path(onnx_path)
     data = p.with_name(p.name + ".data")
     return p.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+# ----------------------------------------------------------------------------- export CLI hook (export/cli.py)
+
+def add_arguments(parser) -> None:
+    from edgespec.export.quantize_bundle import add_arguments as add
+
+    add(parser)
+
+
+def transform_from_args(args):
+    from edgespec.export.quantize_bundle import transform_from_args as make
+
+    return make(args)

@@ -4,7 +4,7 @@ A record is one `generate` call: the prompt, the repeat, the configuration and i
 fields. Within a repeat a configuration is compared with `ar` on the prompts both completed, so a
 partial (interrupted) bench still compares like with like. Measured quantities are summarised per
 repeat, and the run reports their median over repeats (and [min, max] as the spread); the derived
-quantities (MBSU, realisation, bandwidth fraction) are computed from those reported medians, so a
+quantities (c_time, MBSU, realisation, bandwidth fraction) are computed from those reported medians, so a
 report is self-consistent: mbsu_time == tau / (c_time * draft_length + 1) holds for the printed values.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from edgespec.profile import mbsu as M
 
 # summarised per repeat, reported as the median over repeats with a [min, max] spread
 MEDIAN_FIELDS = ("acceptance_rate", "tau", "tokens_per_s", "speedup", "ttft_ms", "tpot_ms", "draft_step_ms",
-                 "target_decode_ms", "c_time", "bandwidth_gbs", "prefill_ms_per_token", "draft_ms_per_token",
+                 "target_decode_ms", "bandwidth_gbs", "prefill_ms_per_token", "draft_ms_per_token",
                  "verify_ms_per_token", "overhead_ms_per_token", "overhead_share")
 
 
@@ -110,7 +110,7 @@ def summarise_config(records: list[dict], key: tuple, manifest: dict, stream_gbs
         run[f] = M.median(r[f] for r in repeats)
     run["peak_rss_mb"] = max(r["peak_rss_mb"] for r in repeats)
     run.update(derived(run, manifest, stream_gbs))
-    run["spread"] = {f: _min_max([r[f] for r in repeats]) for f in MEDIAN_FIELDS}
+    run["spread"] = {f: _min_max([r[f] for r in repeats]) for f in (*MEDIAN_FIELDS, "c_time")}
     run["providers"] = _providers([p[0] for p in pairs])
     run["drafter_resyncs"] = int(sum(p[0].get("drafter_resyncs", 0) for p in pairs))
     run["by_category"] = _category_summary(pairs)
@@ -125,10 +125,11 @@ def derived(run: dict, manifest: dict, stream_gbs: float | None) -> dict:
         c = {"c_params": None, "c_bytes": None}
     else:
         c = {"c_params": M.c_params(manifest), "c_bytes": M.c_bytes(manifest)}
+    c["c_time"] = M.c_time(run["draft_step_ms"], run["target_decode_ms"]) if gamma else None
     out = dict(c)
     out["mbsu_params"] = M.mbsu(tau, c["c_params"], gamma)
     out["mbsu_bytes"] = M.mbsu(tau, c["c_bytes"], gamma)
-    out["mbsu_time"] = M.mbsu(tau, run["c_time"], gamma)
+    out["mbsu_time"] = M.mbsu(tau, c["c_time"], gamma)
     out["realisation"] = M.ratio(run["speedup"], out["mbsu_time"])
     out["bandwidth_fraction"] = M.ratio(run["bandwidth_gbs"], stream_gbs)
     return out

@@ -15,7 +15,6 @@ Ctrl-C during step 5 stops measuring; what was measured is summarised and writte
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import sys
@@ -23,8 +22,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
-
-import numpy as np
 
 from edgespec.profile.errors import BenchError
 
@@ -125,33 +122,9 @@ def select_prompts(s: BenchSettings) -> list:
 
 # --------------------------------------------------------------------------- decoders sharing sessions
 
-def _variant(base, strategy: str, gamma: int, options: dict):
-    """A decoder for (strategy, gamma) sharing `base`'s ORT sessions and KV runners.
-
-    Safe because generations run one at a time and every generation resets both runners. Mirrors what
-    SpeculativeDecoder.__init__ sets per strategy (runtime/decoder.py); a test checks that a variant
-    decodes exactly like a freshly constructed decoder."""
-    from edgespec.runtime.strategies import get_strategy
-
-    strat = get_strategy(strategy)
-    if strat.check:
-        strat.check(base.bundle, options)
-    dec = copy.copy(base)
-    dec.strategy = strat
-    dec.draft_length = int(gamma) if strat.uses_drafter else 0
-    dec.options = dict(options)
-    if not strat.uses_drafter:
-        dec.drafter, dec.drafter_session_info = None, None
-    dec.state = strat.prepare(base.bundle, dec.options)
-    v = base.bundle.target.vocab_size
-    dec.q_rows = np.zeros((dec.draft_length + 1, v), dtype=np.float64)
-    dec.p_rows = np.zeros((dec.draft_length + 1, v), dtype=np.float64)
-    dec.last_result, dec._generation = None, 0
-    return dec
-
-
 def decoder_family(bundle, configs: list[tuple[str, int]], s: BenchSettings) -> dict:
-    """{(strategy, gamma): decoder}, all sharing one target and (if any strategy drafts) one drafter session.
+    """{(strategy, gamma): decoder}, all sharing one target and (if any strategy drafts) one drafter session
+    (SpeculativeDecoder.variant: generations run one at a time and each resets both KV runners).
     Every strategy is checked against the bundle here, before anything is measured."""
     from edgespec.runtime.decoder import SpeculativeDecoder
     from edgespec.runtime.strategies import get_strategy
@@ -160,7 +133,8 @@ def decoder_family(bundle, configs: list[tuple[str, int]], s: BenchSettings) -> 
     first = drafting[0] if drafting else ("ar", 0)
     base = SpeculativeDecoder(bundle, strategy=first[0], draft_length=max(first[1], 1), ep=s.ep, draft_ep=s.draft_ep,
                               threads=s.threads, draft_threads=s.draft_threads, **s.options)
-    return {key: (base if key == first else _variant(base, key[0], key[1], s.options)) for key in configs}
+    return {key: (base if key == first else base.variant(strategy=key[0], draft_length=max(key[1], 1), **s.options))
+            for key in configs}
 
 
 # --------------------------------------------------------------------------- measuring

@@ -179,6 +179,8 @@ def plot_report(doc: dict, out: Path) -> list[str]:
 
 
 def _plot_speedup(plt, runs: list[dict], out: Path) -> str:
+    from matplotlib.ticker import MaxNLocator
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for strategy in dict.fromkeys(r["strategy"] for r in runs):
         rs = sorted((r for r in runs if r["strategy"] == strategy), key=lambda r: r["draft_length"])
@@ -193,6 +195,7 @@ def _plot_speedup(plt, runs: list[dict], out: Path) -> str:
     for ax, title in ((ax1, "measured speedup over ar"), (ax2, "MBSU = τ/(cγ+1)")):
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xlabel("draft length γ")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

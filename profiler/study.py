@@ -234,14 +234,15 @@ def calibration_pass(models, texts, target_fn, drafter_fn, cfg: StudyConfig) -> 
 
 def heldout_pass(models, texts, target_fn, drafter_fn, cal: Calibration, cfg: StudyConfig) -> tuple[list, int]:
     """Running sums of alpha per (sampler, kept level); returns (rows, positions)."""
-    from edgespec.profile.study_samplers import attach_samplers, level_alphas, make_level
+    from edgespec.profile.study_samplers import attach_samplers, level_alphas, make_level, taylor_samplers
     from edgespec.runtime.rdk import DEFAULT_TOL
 
     d2t = np.asarray(models.d2t, dtype=np.int64)
+    taylor = taylor_samplers(cal.prior, cfg.betas)
     levels = []
     for pct in sorted(set(cfg.kept_percent)):
         level = make_level(pct, cal.ranking, d2t)
-        attach_samplers(level, cal.prior, cfg.betas, cal.affinities, models.v_t)
+        attach_samplers(level, taylor, cal.affinities, models.v_t)
         levels.append(level)
     sums: dict = {}
     positions = 0

@@ -51,13 +51,18 @@ def rows_subset(csr: tuple, rows: np.ndarray) -> tuple:
     return data[entries], indices[entries], new_indptr
 
 
-def attach_samplers(level: KeptLevel, prior: np.ndarray | None, betas: list[float], affinities: dict,
-                    n_target: int) -> None:
-    """Precompute the Taylor-RDK objects and the row-restricted affinity matrices of one level."""
-    from edgespec.runtime.rdk import Affinity, RdkTaylor
+def taylor_samplers(prior: np.ndarray | None, betas: list[float]) -> dict:
+    """{beta: RdkTaylor}: independent of the kept set, so shared by every level."""
+    from edgespec.runtime.rdk import RdkTaylor
 
-    if prior is not None:
-        level.taylor = {b: RdkTaylor(prior, beta=b) for b in betas}
+    return {} if prior is None else {float(b): RdkTaylor(prior, beta=float(b)) for b in betas}
+
+
+def attach_samplers(level: KeptLevel, taylor: dict, affinities: dict, n_target: int) -> None:
+    """Attach the Taylor-RDK samplers and the affinity matrices restricted to the level's rows."""
+    from edgespec.runtime.rdk import Affinity
+
+    level.taylor = taylor
     for name, csr in affinities.items():
         data, indices, indptr = rows_subset(csr, level.cols)
         level.affinity[name] = Affinity.from_csr(data, indices, indptr, (level.cols.size, n_target))

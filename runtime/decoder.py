@@ -18,6 +18,7 @@ fit prompt + max_new_tokens in the target's context is refused before anything r
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,21 +58,18 @@ class SpeculativeDecoder:
         if not isinstance(bundle, Bundle):
             bundle = Bundle.load(bundle)
         self.bundle = bundle
-        self.strategy = get_strategy(strategy)
-        if isinstance(draft_length, bool) or not isinstance(draft_length, (int, np.integer)) or draft_length < 1:
-            raise GenerationError(f"draft_length must be an integer >= 1, got {draft_length!r}")
-        self.draft_length = int(draft_length) if self.strategy.uses_drafter else 0
-        self.draft_probability = self._check_draft_probability(draft_probability)
-        self.options = dict(strategy_options)
-        if self.strategy.check:
-            self.strategy.check(bundle, self.options)
+        strat = get_strategy(strategy)
+        _check_draft_length(draft_length)
         tinfo = bundle.target.info
         sess, self.target_session_info = create_session(bundle.target.onnx, ep, threads, allow_fallback, "target")
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
         self.drafter = None
         self.drafter_session_info = None
-        if self.strategy.uses_drafter:
+        self.ctx = None
+        if strat.uses_drafter:
+            if strat.check:      # refuse before paying for the drafter session
+                strat.check(bundle, dict(strategy_options))
             dinfo = bundle.drafter.info
             sess, self.drafter_session_info = create_session(
                 bundle.drafter.onnx, ep if draft_ep is None else draft_ep,
@@ -79,13 +77,42 @@ class SpeculativeDecoder:
             self.drafter = ModelRunner(sess, "drafter", int(dinfo.get("max_position") or 0) or None)
             self._check_runner(self.drafter, dinfo, bundle.kept, "drafter")
             self._check_constant_outputs()
-        self.state = self.strategy.prepare(bundle, self.options)
+            self.ctx = drafter_context(bundle)          # token tables: built once per decoder
         self.eos_ids = frozenset(bundle.target.eos_ids)
-        v, g = bundle.target.vocab_size, self.draft_length
+        self._shared = _Shared()
+        self._configure(strat, draft_length, draft_probability, strategy_options)
+
+    def _configure(self, strat, draft_length, draft_probability, options) -> None:
+        """Per-strategy settings (everything that is not a session)."""
+        _check_draft_length(draft_length)
+        if strat.uses_drafter and self.drafter is None:
+            raise GenerationError(f"strategy {strat.name!r} needs a drafter session; this decoder was created "
+                                  "with 'ar' and has none")
+        self.strategy = strat
+        self.draft_length = int(draft_length) if strat.uses_drafter else 0
+        self.draft_probability = self._check_draft_probability(draft_probability)
+        self.options = dict(options)
+        if strat.check:
+            strat.check(self.bundle, self.options)
+        self.state = strat.prepare(self.bundle, self.options)
+        v, g = self.bundle.target.vocab_size, self.draft_length
         self.q_rows = np.zeros((g + 1, v), dtype=np.float64)   # draft distributions of one round
         self.p_rows = np.zeros((g + 1, v), dtype=np.float64)   # target distributions of one round
         self.last_result: GenerationResult | None = None
-        self._generation = 0
+        self._last_generation: Generation | None = None
+
+    def variant(self, strategy: str | None = None, draft_length: int | None = None,
+                draft_probability: float | str | None = None, **strategy_options) -> "SpeculativeDecoder":
+        """Another strategy / draft length on the SAME sessions, KV runners and token tables (no new
+        session, no extra memory). Generations of a decoder and its variants must not interleave: a
+        newer call supersedes an unfinished stream of any of them."""
+        new = copy.copy(self)
+        strat = get_strategy(strategy) if strategy is not None else self.strategy
+        new._configure(strat, self.draft_length or 1 if draft_length is None else draft_length,
+                       draft_probability, strategy_options)
+        if not strat.uses_drafter:
+            new.drafter, new.drafter_session_info, new.ctx = None, None, None
+        return new
 
     # ------------------------------------------------------------------ checks
     def _check_draft_probability(self, a):
@@ -154,7 +181,7 @@ class SpeculativeDecoder:
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = None,
                  chat: bool = False) -> GenerationResult:
-        run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat)
+        run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=False)
         for _ in run:
             pass
         return self.last_result
@@ -170,7 +197,9 @@ class SpeculativeDecoder:
         return run
 
     # ------------------------------------------------------------------ the loop
-    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat):
+    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=True):
+        """The generator behind generate() and stream(). With incremental=False (generate without stop
+        strings) the text is decoded once at the end instead of after every round."""
         t_start = time.perf_counter()
         params = SamplingParams(temperature=float(temperature) if temperature is not None else temperature,
                                 top_k=top_k, top_p=top_p)
@@ -182,8 +211,9 @@ class SpeculativeDecoder:
         if limit and len(prompt_ids) + max_new_tokens > limit:
             raise GenerationError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                                   f"target's context length {limit}")
-        self._generation += 1
+        self._shared.generation += 1
         gen = Generation(self, prompt_ids, params, make_rng(seed), int(max_new_tokens))
+        self._last_generation = gen          # for debugging and the profiler
         gen.stats.fallbacks = [i.fallback for i in (self.target_session_info, self.drafter_session_info)
                                if i is not None and i.fallback]
         text_state = _TextState(self.bundle.target.tokenizer, stops)
@@ -194,7 +224,8 @@ class SpeculativeDecoder:
             gen.stats.ttft_ms = (time.perf_counter() - t_start) * 1e3
             while True:
                 reason = gen.commit(new)
-                reason = text_state.update(gen.generated, reason) or reason
+                if incremental or stops or reason is not None:
+                    reason = text_state.update(gen.generated, reason) or reason
                 if text_state.stopped_at is not None:
                     del gen.generated[text_state.stopped_at:]
                 delta = text_state.take(final=reason is not None)
@@ -210,7 +241,7 @@ class SpeculativeDecoder:
             st.prefill_tokens = min(1, st.new_tokens)
             st.stop_reason = reason or "interrupted"
             st.drafter_resyncs = gen.ctx.resyncs if gen.ctx is not None else 0
-            if gen.id == self._generation:   # a superseded stream must not overwrite a newer result
+            if gen.id == self._shared.generation:   # a superseded stream must not overwrite a newer result
                     self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,
                     token_ids=list(gen.generated), stats=st, prompt_token_ids=prompt_ids)
@@ -232,16 +263,16 @@ class Generation:
         self.max_new_tokens = max_new_tokens
         self.target = dec.target
         self.drafter = dec.drafter
-        self.ctx = drafter_context(dec.bundle) if dec.drafter is not None else None
+        self.ctx = dec.ctx
         self.generated: list[int] = []
         self.last = -1
-        self.id = dec._generation
+        self.id = dec._shared.generation
         self.stats = GenerationStats(strategy=dec.strategy.name, draft_length=dec.draft_length,
                                      prompt_tokens=len(prompt_ids), providers=dec.providers)
 
     # ------------------------------------------------------------------ helpers
     def _check_current(self) -> None:
-        if self.id != self.dec._generation:
+        if self.id != self.dec._shared.generation:
             raise GenerationError("this stream was superseded by a newer generate/stream call on the same decoder")
 
     def pick(self, logits_row: np.ndarray) -> int:
@@ -349,6 +380,16 @@ class Generation:
         st.accepted_per_step.append(n_acc)
         self.last = t
         return [*drafts[:n_acc], t]
+
+
+class _Shared:
+    """State shared by a decoder and its variants (they share runners)."""
+    generation = 0
+
+
+def _check_draft_length(k) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise GenerationError(f"draft_length must be an integer >= 1, got {k!r}")
 
 
 def _stop_strings(stop) -> list[str]:

@@ -41,7 +41,6 @@ from typing import Callable
 
 import numpy as np
 
-from edgespec.errors import GenerationError
 from edgespec.runtime.verify import residual
 
 
@@ -65,27 +64,6 @@ def chain_length(rng: np.random.Generator, a: float, gamma: int) -> tuple[int, b
         if rng.random() >= a:
             return j, True
     return gamma, False
-
-
-def resolve_draft_probability(value, bundle) -> float | None:
-    """The decoder option `draft_probability`: None (off), a number in (0, 1], or "auto" (the bundle's a*)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if value != "auto":
-            raise GenerationError(f"draft_probability must be a number in (0, 1] or 'auto', got {value!r}")
-        a = bundle.a_star
-        if a is None:
-            raise GenerationError("draft_probability='auto' needs a* (vocab/randomised.json), which this bundle "
-                                  "lacks: run `edgespec calibrate` and re-export, or give a number in (0, 1]")
-        value = a
-    try:
-        a = float(value)
-    except (TypeError, ValueError):
-        raise GenerationError(f"draft_probability must be a number in (0, 1] or 'auto', got {value!r}") from None
-    if not (0.0 < a <= 1.0):
-        raise GenerationError(f"draft_probability must be in (0, 1], got {a!r}")
-    return a
 
 
 class SideRunner:

@@ -39,7 +39,7 @@ EP_ALIASES = {
 CPU = "CPUExecutionProvider"
 # ORT log severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal.
 QUIET = 3          # default: hide ORT's warnings (e.g. "some nodes were not assigned to the preferred EP")
-SILENT = 3         # while creating a non-CPU session: hides the "Failed to load libonnxruntime_providers_cuda"
+SILENT = 4         # while creating a non-CPU session: hides the "Failed to load libonnxruntime_providers_cuda"
                    # error, which is logged at severity 3; we detect the failure ourselves via get_providers().
 
 

@@ -11,8 +11,9 @@ drafter tokens, or split between the committed text and the draft, are handled:
   1. draft bytes = the drafter tokens' bytes, up to the first special token (which is proposed as its
      target counterpart, e.g. an end-of-turn token, when the drafter's text was used up);
   2. lookbehind window = the last `lookbehind` committed target tokens (no special tokens, starting on
-     a character boundary); text = the longest valid UTF-8 prefix of window bytes + draft bytes;
-  3. encode the text with the target tokenizer and align it with the window:
+     a character boundary); text = window bytes + draft bytes, less a trailing incomplete character;
+  3. encode the text with the target tokenizer (stray, invalid-UTF-8 bytes as single-byte tokens) and
+     align it with the window:
      a. the encoding starts with the window's own tokens: propose what follows (the common case);
      b. realign, when a token merges across the boundary or the tokenizer normalises text
         (non-injective): the encoding has a token boundary exactly at the end of the window's bytes
@@ -43,13 +44,14 @@ def _is_continuation(b: int) -> bool:
     return 0x80 <= b < 0xC0
 
 
-def _valid_utf8_prefix(data: bytes) -> bytes:
-    """The longest prefix of `data` that is valid UTF-8 (an incomplete last character is cut)."""
-    try:
-        data.decode("utf-8")
-        return data
-    except UnicodeDecodeError as e:
-        return data[:e.start]
+def _complete_chars(data: bytes) -> int:
+    """Length of `data` without a trailing, incomplete UTF-8 character (which later drafts may finish)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if not _is_continuation(b):
+            need = 2 if 0xC0 <= b < 0xE0 else 3 if 0xE0 <= b < 0xF0 else 4 if 0xF0 <= b < 0xF8 else 1
+            return len(data) - back if need > back else len(data)
+    return len(data)
 
 
 @dataclass
@@ -107,22 +109,19 @@ class SlemTranslator:
     # ------------------------------------------------------------------ the proposal
     def propose(self, committed: Sequence[int], draft: Sequence[int]) -> Proposal:
         draft_b, special = self.draft_bytes(draft)
+        used = _complete_chars(draft_b)
         win = self.window(committed)
         win_b = b"".join(self._t_bytes[t] for t in win)
-        combined = _valid_utf8_prefix(win_b + draft_b)
-        if len(combined) < len(win_b):                # the window ends mid-character, the draft doesn't finish it
-            return Proposal([])
-        used_all = len(combined) == len(win_b) + len(draft_b)
         ids: list[int] = []
         realigned = False
-        if len(combined) > len(win_b):
-            enc = self.encode(combined.decode("utf-8"))
-            ids, realigned = self._align(win, win_b, combined, enc)
-        if special is not None and used_all:
+        if used:
+            text_b = win_b + draft_b[:used]
+            ids, realigned = self._align(win, win_b, text_b, self.encode_bytes(text_b))
+        if special is not None and used == len(draft_b):
             ids.append(special)
         if realigned:
             self.realignments += 1
-        return Proposal(ids, realigned, len(combined) - len(win_b))
+        return Proposal(ids, realigned, used)
 
     def _align(self, win: list[int], win_b: bytes, text_b: bytes, enc: list[int]) -> tuple[list[int], bool]:
         n = len(win)
@@ -140,18 +139,24 @@ class SlemTranslator:
             for i in range(len(enc) - m, -1, -1):
                 if enc[i:i + m] == suffix and ends[i + m - 1] <= len(win_b):
                     return enc[i + m:], True
-        return self._encode_bytes(text_b[len(win_b):]), True                    # b3. the draft text alone
+        return self.encode_bytes(text_b[len(win_b):]), True                     # b3. the draft text alone
 
-    def _encode_bytes(self, data: bytes) -> list[int]:
-        """Target ids for `data`, which may start with the continuation bytes of a character the
-        committed text left open: those become single-byte tokens (when the vocabulary has them)."""
-        k = 0
-        while k < len(data) and _is_continuation(data[k]):
-            k += 1
-        head = [self._byte_ids.get(b) for b in data[:k]]
-        if None in head:
-            return []
-        return head + (self._encode_no_dummy_prefix(data[k:]) if k < len(data) else [])
+    def encode_bytes(self, data: bytes) -> list[int]:
+        """Target ids whose bytes are `data`: valid UTF-8 runs are tokenised (no dummy prefix), stray
+        bytes (invalid UTF-8, e.g. the rest of a character the committed text left open) become the
+        target's single-byte tokens when it has them."""
+        out: list[int] = []
+        run: list[str] = []
+        for ch in data.decode("utf-8", errors="surrogateescape") + "\udc00":   # sentinel flushes the last run
+            if "\udc80" <= ch <= "\udcff" or ch == "\udc00":
+                if run:
+                    out += self._encode_no_dummy_prefix("".join(run).encode("utf-8"))
+                    run = []
+                if ch != "\udc00":
+                    out.append(self._byte_ids.get(ord(ch) - 0xDC00, -1))
+            else:
+                run.append(ch)
+        return [i for i in out if i >= 0]
 
     def _encode_no_dummy_prefix(self, data: bytes) -> list[int]:
         """Encode text that continues a line: undo a SentencePiece-style prepended "▁" if the
@@ -190,6 +195,18 @@ def _prepare(bundle, options) -> _SlemState:
     return _SlemState(tr, np.asarray(bundle.draft_ids), stops, int(options.get("slem_max_proposal", 3)))
 
 
+def exact_match(gen, logits: np.ndarray, proposal: list[int]) -> tuple[int, int]:
+    """Algorithm 2, lines 9-11: the target picks its own token at each position (gen.pick: argmax, or
+    a draw from its processed p); accept proposals while they are equal; return (accepted, the
+    target's token at the first mismatch, or its bonus token after a full match)."""
+    n_acc = 0
+    while True:
+        t = gen.pick(logits[n_acc])
+        if n_acc == len(proposal) or t != proposal[n_acc]:
+            return n_acc, t
+        n_acc += 1
+
+
 def slem_round(gen, gamma: int) -> list[int]:
     """One round of Algorithm 2 in the decode loop (see decoder.Generation for the state it uses).
 
@@ -222,13 +239,7 @@ def slem_round(gen, gamma: int) -> list[int]:
     m = len(proposal)
     logits = gen.target.forward([gen.last, *proposal])
     st.record_verify(m + 1, gen.target.last_ms)
-    n_acc = 0
-    while True:                                           # exact match against the target's own picks
-        t = gen.pick(logits[n_acc])
-        if n_acc < m and t == proposal[n_acc]:
-            n_acc += 1
-            continue
-        break
+    n_acc, t = exact_match(gen, logits, proposal)
     gen.target.crop(gen.target.length - (m - n_acc))
     new = [*proposal[:n_acc], t]
     fed = ctx.ids[mark:gen.drafter.length]                # draft tokens now in the drafter's KV

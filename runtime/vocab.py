@@ -62,14 +62,24 @@ def vocab_hash(tokenizer: Any) -> str:
     """sha256 of the tokenizer's sorted (token, id) list, added tokens included.
 
     Serialised as compact JSON (`[["tok", id], ...]`, UTF-8, no ASCII escaping)."""
-    tok = as_tokenizer(tokenizer)
-    items = sorted(tok.get_vocab(with_added_tokens=True).items())
-    blob = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return _vocab_digest(as_tokenizer(tokenizer).get_vocab(with_added_tokens=True))
+
+
+def _vocab_digest(vocab: dict[str, int]) -> str:
+    blob = json.dumps(sorted(vocab.items()), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()
 
 
-def _tokenizer_json(tok) -> dict:
-    return json.loads(tok.to_str())
+def _component(tok, name: str) -> Any:
+    """The JSON of one tokenizer component (pre_tokenizer, decoder, normalizer), or None; cheaper than
+    serialising the whole tokenizer."""
+    comp = getattr(tok, name, None)
+    if comp is None:
+        return None
+    try:
+        return json.loads(comp.__getstate__())
+    except Exception:  # older tokenizers: fall back to the whole document
+        return json.loads(tok.to_str()).get(name)
 
 
 def _component_types(node: Any) -> set[str]:
@@ -89,14 +99,13 @@ def _component_types(node: Any) -> set[str]:
 def tokenizer_style(tokenizer: Any) -> str:
     """'byte_level' (GPT-2 style), 'sentencepiece' (▁ + byte fallback) or 'plain'."""
     tok = as_tokenizer(tokenizer)
-    data = _tokenizer_json(tok)
-    pre = _component_types(data.get("pre_tokenizer"))
-    dec = _component_types(data.get("decoder"))
+    pre = _component_types(_component(tok, "pre_tokenizer"))
+    dec = _component_types(_component(tok, "decoder"))
     if "ByteLevel" in pre or ("ByteLevel" in dec and "Metaspace" not in pre):
         return "byte_level"
-    if "Metaspace" in pre or "Metaspace" in dec or "ByteFallback" in dec or data.get("model", {}).get("byte_fallback"):
+    if "Metaspace" in pre or "Metaspace" in dec or "ByteFallback" in dec or getattr(tok.model, "byte_fallback", False):
         return "sentencepiece"
-    normalizer = json.dumps(data.get("normalizer"), ensure_ascii=False)
+    normalizer = json.dumps(_component(tok, "normalizer"), ensure_ascii=False)
     if SPIECE_SPACE in normalizer:
         return "sentencepiece"
     return "plain"
@@ -283,14 +292,16 @@ def tokenizer_info(model_dir: str | Path, tokenizer: Any = None) -> TokenizerInf
         template = (d / "chat_template.jinja").read_text(encoding="utf-8")
     elif isinstance(tcfg.get("chat_template"), str):
         template = tcfg["chat_template"]
-    table = token_table(tok)
-    special = set(table.special)
+    vocab = tok.get_vocab(with_added_tokens=True)
+    size = max(vocab.values()) + 1 if vocab else 0
+    special = {i for i, at in tok.get_added_tokens_decoder().items() if getattr(at, "special", False)}
     for i in [bos, pad, unk, *eos]:
-        if i is not None and 0 <= i < table.size:
+        if i is not None and 0 <= i < size:
             special.add(i)
+    digest = _vocab_digest(vocab)
     return TokenizerInfo(bos_id=bos, eos_ids=eos, pad_id=pad, unk_id=unk, add_bos=add_bos, chat_template=template,
-                         special_ids=sorted(special), vocab_hash=vocab_hash(tok), vocab_size=table.size,
-                         style=table.style)
+                         special_ids=sorted(special), vocab_hash=digest, vocab_size=size,
+                         style=tokenizer_style(tok))
 
 
 def special_ids(model_dir: str | Path, tokenizer: Any = None) -> list[int]:

@@ -88,10 +88,9 @@ def copy_bundle(tmp_path):
 def smollm_self_bundle(tmp_path_factory) -> Path:
     """The real smollm-self pair, keep 8192 (SmolLM2 from its pip package; the export is cached in the
     user's edgespec cache, so later sessions reuse it). Only for tests marked `real`."""
-    from edgespec.export.bundle_writer import export_bundle
-    from edgespec.models import get_pair
+    from edgespec.cli import main
 
-    pair = get_pair("smollm-self")
     out = tmp_path_factory.mktemp("smollm") / "smollm-self"
-    export_bundle(pair.target, pair.drafter, out, keep=8192, pair=pair.name, progress=False)
+    rc = main(["export", "--pair", "smollm-self", "--keep", "8192", "--out", str(out), "--quiet"])
+    assert rc == 0 and (out / "manifest.json").is_file()
     return out

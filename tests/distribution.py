@@ -4,7 +4,7 @@
     pvals = check_lossless(decoder, bundle, prompt_ids, n=2000, seed=0)   # {"x1": p, "x2": p, "x3|x1x2": p}
     assert min(pvals.values()) > ALPHA
 
-What is tested, from `n` independent generations of 3 tokens (seeds seed..seed+n-1):
+What is tested, from `n` independent generations of 4 tokens (seeds seed..seed+n-1):
 - "x1", "x2": the empirical marginal of the 1st and 2nd generated token against the exact target
   marginals P(x1) = p(x1 | prompt) and P(x2) = sum_x1 P(x1) p(x2 | prompt, x1), computed with the
   target alone (one ORT forward per x1 with P(x1) >= 1e-9; the skipped mass bounds the error).
@@ -13,8 +13,9 @@ What is tested, from `n` independent generations of 3 tokens (seeds seed..seed+n
 - "x3|x1x2": the 3rd token *given the actual history* of each sample, by the randomised probability
   integral transform: u = F(x3-) + v p(x3) with v ~ U(0,1) and F the CDF of p(. | prompt, x1, x2) in
   token-id order, which is exactly U(0,1) under the null; chi-square over 20 equal bins.
-  With max_new_tokens=3 and a draft length >= 2, x2 and x3 come from one speculative block
-  (positions 1 and 2 of the draft chain), so the chain, not just its first step, is checked.
+  x1 comes from the target's prefill; with 4 new tokens and a draft length >= 2 the first round
+  drafts 2 tokens, so x2 and x3 come from one speculative block (draft positions 1 and 2: a
+  rejection, an accepted draft or the residual), and the chain, not just its first step, is checked.
 
 The p-values are exact-ish (asymptotic chi-square; every expected count >= 5). With the threshold
 ALPHA = 1e-3 a correct decoder fails one p-value with probability <= 1e-3, i.e. a check of 3 p-values
@@ -96,7 +97,7 @@ def pit_pvalue(u: np.ndarray, bins: int = 20) -> float:
 
 
 def sample_tokens(decoder, prompt_ids: list[int], n: int, seed: int, params: SamplingParams,
-                  max_new_tokens: int = 3) -> np.ndarray:
+                  max_new_tokens: int = 4) -> np.ndarray:
     """[n, max_new_tokens] generated ids, -1 after an early EOS."""
     out = np.full((n, max_new_tokens), -1, dtype=np.int64)
     for i in range(n):
@@ -122,7 +123,7 @@ def check_lossless(decoder, bundle, prompt_ids: list[int], n: int = 2000, seed: 
     rng = np.random.default_rng(seed + 10**6)
     u = []
     cache: dict[tuple[int, int], np.ndarray] = {}
-    for a, b, c in toks:
+    for a, b, c in toks[:, :3]:
         if c < 0:
             continue
         key = (int(a), int(b))

@@ -421,3 +421,25 @@ def test_real_smollm_self_bundle(smollm_self_bundle):
 
     ref = _torch_logits(cached_dir("smollm2-135m"), ids)
     assert np.max(np.abs(full - ref)) <= 1e-3
+
+
+def test_vocab_priors_digest_mismatch(tiny_models, tiny_export_cache, tmp_path):
+    sp = tiny_models["tiny-sp"]
+    pdir = tmp_path / "v.priors"
+    pdir.mkdir()
+    np.save(pdir / "prior.npy", np.ones(608, np.float32) / 608)
+    doc = _vocab_doc(sp, list(range(50)), "v.priors")
+    doc["provenance"]["priors_files"] = {"prior.npy": "0" * 64}
+    (tmp_path / "v.json").write_text(json.dumps(doc))
+    with pytest.raises(ExportError, match="does not match the vocab file"):
+        BW.export_bundle(str(tiny_models["tiny-bl-a"]), str(sp), tmp_path / "out", vocab=tmp_path / "v.json",
+                         progress=False, cache=tiny_export_cache)
+    _no_partial(tmp_path)
+
+
+@pytest.mark.real
+def test_real_models_pull_pair_uses_cache(capsys):
+    """`edgespec models pull PAIR` pulls both models (SmolLM2 twice here: once)."""
+    assert main(["models", "pull", "smollm-self", "--quiet"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("smollm2-135m: ")

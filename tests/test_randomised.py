@@ -90,3 +90,54 @@ def test_broken_residual_fails_the_same_check():
             counts[int(rng.choice(8, p=p))] += 1               # wrong: should be the residual
     keep = p > 0
     assert stats.chisquare(counts[keep], 20000 * p[keep]).pvalue < 1e-3
+
+
+# --------------------------------------------------------------------------- through the decode loop
+
+from distribution import ALPHA, check_lossless, sample_tokens  # noqa: E402  (tests/ is on sys.path)
+from edgespec.errors import GenerationError  # noqa: E402
+from edgespec.runtime import Bundle, SpeculativeDecoder  # noqa: E402
+from edgespec.runtime import verify as verify_module  # noqa: E402
+from edgespec.runtime.sampling import SamplingParams  # noqa: E402
+
+PROMPT = "The quick brown"
+
+
+@pytest.mark.parametrize("a,concurrent", [(0.3, True), (0.7, True), (0.7, False)])
+def test_samples_the_target_distribution(tiny_self_bundle, a, concurrent):
+    b = Bundle.load(tiny_self_bundle)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, draft_probability=a,
+                             concurrent_draft=concurrent)
+    pvals = check_lossless(dec, b, b.target.tokenizer.encode(PROMPT).ids, n=2000, seed=0)
+    assert min(pvals.values()) > ALPHA, pvals
+
+
+def test_emitting_from_p_instead_of_the_residual_fails_the_same_test(tiny_self_bundle, monkeypatch):
+    """Negative control: no-draft and rejected positions emit from p instead of norm(max(p - a q, 0))."""
+    monkeypatch.setattr(verify_module, "residual", lambda p, q, a=1.0, out=None: p.copy())
+    b = Bundle.load(tiny_self_bundle)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, draft_probability=0.7)
+    ids = b.target.tokenizer.encode(PROMPT).ids
+    pvals = check_lossless(dec, b, ids, samples=sample_tokens(dec, ids, 2000, 0, SamplingParams(temperature=1.0)))
+    assert min(pvals["x2"], pvals["x3|x1x2"]) < ALPHA, pvals
+
+
+def test_drafts_less_and_accepts_more(tiny_self_bundle):
+    b = Bundle.load(tiny_self_bundle)
+    rates = {}
+    for a in (None, 0.5):
+        dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, draft_probability=a)
+        st = [dec.generate(PROMPT, max_new_tokens=24, temperature=1.0, seed=s).stats for s in range(20)]
+        rates[a] = (sum(x.accepted for x in st) / sum(x.drafted for x in st), sum(x.drafted for x in st))
+    assert rates[0.5][0] > rates[None][0] and rates[0.5][1] < rates[None][1], rates
+
+
+def test_greedy_is_ar_and_auto_needs_a_star(tiny_same_bundle):
+    b = Bundle.load(tiny_same_bundle)
+    ref = SpeculativeDecoder(b, strategy="ar", threads=1).generate(PROMPT, max_new_tokens=20).token_ids
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=3, threads=1, draft_probability=0.5)
+    assert dec.generate(PROMPT, max_new_tokens=20).token_ids == ref
+    with pytest.raises(GenerationError, match="a\\*"):
+        SpeculativeDecoder(b, strategy="tli", draft_probability="auto")
+    b.randomised = {"a_star": 0.6, "lambda": 0.3}
+    assert SpeculativeDecoder(b, strategy="tli", draft_probability="auto").draft_probability == 0.6

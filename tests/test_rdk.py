@@ -1,4 +1,6 @@
 """RDK samplers on synthetic distributions: Eq. 3 transcription, M = I is TLI, M^T q' vs dense."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -102,3 +104,87 @@ def test_affinity_validation():
         Affinity.from_csr(**{**ok, "indptr": np.array([0, 2])})
     with pytest.raises(BundleError, match="columns"):
         rdk_distribution(np.ones(3) / 3, Affinity.from_csr(**ok))
+
+
+# --------------------------------------------------------------------------- through the decode loop
+
+from distribution import ALPHA, check_lossless  # noqa: E402  (tests/ is on sys.path)
+from edgespec.errors import GenerationError  # noqa: E402
+from edgespec.runtime import Bundle, SpeculativeDecoder  # noqa: E402
+from edgespec.runtime.bundle import CSR  # noqa: E402
+
+PROMPTS = ["def quicksort(items):", "The quick brown fox"]
+
+
+def bundle_with_priors(path, seed=0, extra=3):
+    """The bundle plus an in-memory prior (Dirichlet) and M (identity entry + `extra` random columns
+    per kept row, random weights): RDK then moves real mass off the drafter's own tokens."""
+    rng = np.random.default_rng(seed)
+    b = Bundle.load(path, verify="none")
+    v, k = b.target.vocab_size, b.kept
+    b.prior = rng.dirichlet(np.ones(v)).astype(np.float32)
+    cols = [[int(t)] * int(t >= 0) + list(rng.choice(v, extra, replace=False)) for t in b.index_map]
+    data = np.concatenate([rng.dirichlet(np.ones(len(c))) for c in cols]).astype(np.float32)
+    b.affinity = CSR(data, np.concatenate(cols).astype(np.int32),
+                     np.concatenate([[0], np.cumsum([len(c) for c in cols])]).astype(np.int64), (k, v))
+    return b
+
+
+@pytest.mark.parametrize("which", ["same", "self", "hetero"])
+def test_greedy_output_equals_ar(request, which):
+    b = bundle_with_priors(request.getfixturevalue(f"tiny_{which}_bundle"))
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1)
+    refs = [ar.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
+    for strategy, opts, gamma in [("rdk-taylor", {}, 1), ("rdk-taylor", {"rdk_beta": 1e4}, 4), ("rdk", {}, 1),
+                                  ("rdk", {"rdk_tol": 0.0}, 4)]:
+        dec = SpeculativeDecoder(b, strategy=strategy, draft_length=gamma, threads=1, **opts)
+        for p, ref in zip(PROMPTS, refs):
+            assert dec.generate(p, max_new_tokens=24).token_ids == ref, (strategy, opts, gamma, p)
+
+
+def test_rdk_drafts_tokens_outside_the_drafter_head(tiny_same_bundle, monkeypatch):
+    """The point of RDK: with M sending mass to target ids the pruned head lacks, such ids get drafted
+    and fed to the drafter (same tokenizer: through its full input embedding)."""
+    from edgespec.runtime import context
+    b = bundle_with_priors(tiny_same_bundle, extra=6)
+    outside = set(range(b.target.vocab_size)) - set(b.index_map.tolist())
+    fed = []
+    monkeypatch.setattr(context.SameContext, "feed_ids", lambda self, t: fed.append(t) or [t])
+    dec = SpeculativeDecoder(b, strategy="rdk", draft_length=4, threads=1)
+    for seed in range(5):
+        dec.generate(PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=seed)
+    assert set(fed) & outside
+
+
+@pytest.mark.parametrize("strategy,opts,which", [("rdk-taylor", {"rdk_beta": 3e4}, "self"),
+                                                 ("rdk", {}, "same")])
+def test_samples_the_target_distribution(request, strategy, opts, which):
+    b = bundle_with_priors(request.getfixturevalue(f"tiny_{which}_bundle"))
+    dec = SpeculativeDecoder(b, strategy=strategy, draft_length=4, threads=1, **opts)
+    pvals = check_lossless(dec, b, b.target.tokenizer.encode("The quick brown").ids, n=2000, seed=0)
+    assert min(pvals.values()) > ALPHA, pvals
+
+
+def test_bundles_without_priors_are_refused(tiny_same_bundle):
+    b = Bundle.load(tiny_same_bundle)
+    with pytest.raises(GenerationError, match="prior"):
+        SpeculativeDecoder(b, strategy="rdk-taylor")
+    with pytest.raises(GenerationError, match="affinity matrix M"):
+        SpeculativeDecoder(b, strategy="rdk")
+    b = bundle_with_priors(tiny_same_bundle)
+    with pytest.raises(GenerationError, match="rdk_tol"):
+        SpeculativeDecoder(b, strategy="rdk", rdk_tol=1.5)
+
+
+@pytest.mark.real
+def test_smollm_self_greedy_equals_ar(smollm_self_bundle):
+    b = Bundle.load(smollm_self_bundle, verify="none")
+    counts = np.bincount(b.target.tokenizer.encode(Path(np.__file__).read_text()).ids, minlength=b.target.vocab_size)
+    b.prior = ((counts + 0.5) / (counts + 0.5).sum()).astype(np.float32)
+    b.affinity = bundle_with_priors(smollm_self_bundle, extra=7).affinity
+    prompts = ["def fibonacci(n):", "The capital of France is"]
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1)
+    refs = [ar.generate(p, max_new_tokens=24).token_ids for p in prompts]
+    for strategy in ("rdk-taylor", "rdk"):
+        dec = SpeculativeDecoder(b, strategy=strategy, draft_length=4, threads=1)
+        assert [dec.generate(p, max_new_tokens=24).token_ids for p in prompts] == refs, strategy

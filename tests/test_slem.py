@@ -128,3 +128,57 @@ def test_smollm2_tokenizer_edge_cases():
         c = _ids(tok, committed)
         p = tr.propose(c, _ids(tok, draft))
         assert _text(tok, c + p.ids) == committed + draft, (committed, draft)
+
+
+# --------------------------------------------------------------------------- through the decode loop
+
+from distribution import ALPHA, check_lossless, sample_tokens  # noqa: E402  (tests/ is on sys.path)
+from edgespec.runtime import Bundle, SpeculativeDecoder  # noqa: E402
+from edgespec.runtime import slem as slem_module  # noqa: E402
+from edgespec.runtime.sampling import SamplingParams  # noqa: E402
+
+PROMPTS = ["def quicksort(items):", "Naïve café owners"]
+
+
+@pytest.mark.parametrize("which", ["same", "self", "hetero"])
+def test_greedy_output_equals_ar(request, which):
+    b = Bundle.load(request.getfixturevalue(f"tiny_{which}_bundle"))
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1)
+    for gamma in (1, 4):
+        dec = SpeculativeDecoder(b, strategy="slem", draft_length=gamma, threads=1)
+        for p in PROMPTS:
+            r = dec.generate(p, max_new_tokens=24)
+            assert r.token_ids == ar.generate(p, max_new_tokens=24).token_ids, (gamma, p)
+            if which == "self":
+                assert r.stats.accepted > 0                   # the drafter is the target: drafts do land
+
+
+def _accept_all(gen, logits, proposal):
+    """A broken verifier: accepts every proposed token without comparing it with the target's pick."""
+    return len(proposal), gen.pick(logits[len(proposal)])
+
+
+@pytest.mark.parametrize("which", ["self", "hetero"])
+def test_samples_the_target_distribution(request, which, monkeypatch):
+    b = Bundle.load(request.getfixturevalue(f"tiny_{which}_bundle"))
+    dec = SpeculativeDecoder(b, strategy="slem", draft_length=4, threads=1)
+    ids = b.target.tokenizer.encode("The quick brown").ids
+    pvals = check_lossless(dec, b, ids, n=2000, seed=0)
+    assert min(pvals.values()) > ALPHA, pvals
+    if which == "self":                                       # negative control
+        monkeypatch.setattr(slem_module, "exact_match", _accept_all)
+        samples = sample_tokens(dec, ids, 2000, 0, SamplingParams(temperature=1.0))
+        bad = check_lossless(dec, b, ids, samples=samples)
+        assert min(bad["x2"], bad["x3|x1x2"]) < ALPHA, bad
+
+
+@pytest.mark.real
+def test_smollm_self_greedy_equals_ar(smollm_self_bundle):
+    b = Bundle.load(smollm_self_bundle, verify="none")
+    prompts = ["def fibonacci(n):", "Café au lait — “quoted” text:"]
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1)
+    dec = SpeculativeDecoder(b, strategy="slem", draft_length=4, threads=1)
+    for p in prompts:
+        r = dec.generate(p, max_new_tokens=24)
+        assert r.token_ids == ar.generate(p, max_new_tokens=24).token_ids, p
+        assert r.stats.acceptance_rate > 0.5, r.stats.summary()

@@ -1,0 +1,128 @@
+"""Quantizing the graphs of a bundle being exported: the `edgespec export --quantize*` flags and the
+transform that export/bundle_writer.py runs on the temporary bundle (see export/cli.py's hook).
+
+For each side asked for, the float graph `SIDE/model.onnx` is quantized into `SIDE/.quant/`, and the
+result replaces it (the float target may be hard-linked from the export cache: it is unlinked, never
+written through). For the target, the quality check compares the quantized graph with the float one
+before the swap. The manifest then records, per side, the scheme and the bytes per forward of the
+quantized graph, and the quality check under `checks.quantized_target_quality`.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from edgespec.errors import ExportError
+from edgespec.export import quantize as q
+
+CHOICES = ("none",) + q.SCHEMES
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("quantization (ONNX Runtime's own quantizers; see docs/quantization.md)")
+    g.add_argument("--quantize", choices=CHOICES, default="none",
+                   help="weight quantization for both graphs: int4 (MatMulNBits, block-wise), int8 (weight-only "
+                        "MatMulNBits) or int8-dynamic (quantize_dynamic); default none (fp32)")
+    g.add_argument("--quantize-target", choices=CHOICES, default=None, help="override --quantize for the target")
+    g.add_argument("--quantize-drafter", choices=CHOICES, default=None, help="override --quantize for the drafter")
+    g.add_argument("--block-size", type=int, choices=q.BLOCK_SIZES, default=q.DEFAULT_BLOCK_SIZE,
+                   help=f"quantization block along the input dimension (default {q.DEFAULT_BLOCK_SIZE})")
+    g.add_argument("--accuracy-level", type=int, choices=q.ACCURACY_LEVELS, default=None,
+                   help="MatMulNBits compute type: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 (default 4 for --quantize-ep cpu)")
+    g.add_argument("--quantize-embedding", action="store_true",
+                   help="int4: also quantize the embedding table (GatherBlockQuantized); smaller files, same bytes "
+                        "per forward, some quality loss")
+    g.add_argument("--quantize-ep", default="cpu", metavar="EP",
+                   help="execution provider the quantized bundle is for; refused if it lacks the kernels (default cpu)")
+    g.add_argument("--quality-tokens", type=int, default=512, metavar="N",
+                   help="held-out tokens for the quantized-vs-fp32 target check (0 skips it; default 512)")
+
+
+def transform_from_args(args):
+    target = args.quantize_target or args.quantize
+    drafter = args.quantize_drafter or args.quantize
+    return make_transform(target, drafter, block_size=args.block_size, accuracy_level=args.accuracy_level,
+                          ep=args.quantize_ep, embedding=args.quantize_embedding,
+                          quality_tokens=args.quality_tokens, progress=not getattr(args, "quiet", False))
+
+
+def make_transform(target: str | None, drafter: str | None, block_size: int = q.DEFAULT_BLOCK_SIZE,
+                   accuracy_level: int | None = None, ep: str = "cpu", embedding: bool = False,
+                   quality_tokens: int = 512, progress: bool = True):
+    """The bundle transform for the given schemes (None/"none" leaves a side float), or None if nothing
+    is to be quantized. Scheme, EP and accuracy level are validated here, before any export work."""
+    sides = {side: s for side, s in (("target", target), ("drafter", drafter)) if s and s != "none"}
+    if not sides:
+        return None
+    if quality_tokens < 0:
+        raise ExportError(f"--quality-tokens must be >= 0, got {quality_tokens}")
+    for scheme in sides.values():
+        if scheme not in q.SCHEMES:
+            raise ExportError(f"unknown quantization scheme {scheme!r}; use one of {', '.join(CHOICES)}")
+        q.check_accuracy_level(scheme, accuracy_level)
+        q.check_ep(scheme, ep, embedding and scheme == "int4")
+    if block_size not in q.BLOCK_SIZES:
+        raise ExportError(f"--block-size must be one of {q.BLOCK_SIZES}, got {block_size}")
+    opts = {"block_size": block_size, "accuracy_level": accuracy_level, "ep": ep, "embedding": embedding}
+
+    def transform(root: Path) -> dict:
+        updates: dict = {}
+        for side, scheme in sides.items():
+            updates[side] = quantize_side(Path(root), side, scheme, opts, quality_tokens if side == "target" else 0,
+                                          progress)
+        if "quality" in updates.get("target", {}).get("quantization", {}):
+            updates["checks"] = {"quantized_target_quality": updates["target"]["quantization"]["quality"]}
+        return updates
+
+    return transform
+
+
+def _log(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"edgespec: {msg}", file=sys.stderr, flush=True)
+
+
+def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens: int, progress: bool) -> dict:
+    """Quantize ROOT/SIDE/model.onnx in place (via a scratch dir); returns the manifest update for SIDE."""
+    sub = root / side
+    src = sub / "model.onnx"
+    work = sub / ".quant"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        before = q.weight_stats(src)
+        block = "" if scheme == "int8-dynamic" else f" (block {opts['block_size']})"
+        _log(progress, f"quantizing the {side} to {scheme}{block}")
+        record = q.quantize_onnx(src, work / "model.onnx", scheme=scheme, **opts)
+        gc.collect()
+        if quality_tokens:
+            from edgespec.export.quality import quality_check
+
+            _log(progress, f"quality check: {scheme} {side} vs fp32 on {quality_tokens} held-out tokens")
+            res = quality_check(src, work / "model.onnx", sub / "tokenizer.json", n_tokens=quality_tokens)
+            record["quality"] = res
+            level = "" if res["verdict"] == "ok" else " -- DEGRADED: below the acceptability threshold " \
+                                                      f"{res['threshold']}"
+            _log(progress, f"quantized {side}: top-1 agreement {res['top1_agreement']:.3f}, "
+                           f"mean overlap {res['mean_overlap']:.3f}{level}")
+        _replace_graph(sub, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    after = q.weight_stats(src)
+    record.update({"bytes_per_forward_fp32": before["bytes_per_forward"],
+                   "initializer_bytes": after["initializer_bytes"]})
+    update = {"quantization": record, "bytes_per_forward": after["bytes_per_forward"], "graph_params": after["params"]}
+    if side == "drafter":
+        update["params_pruned"] = after["params"]
+    return update
+
+
+def _replace_graph(sub: Path, work: Path) -> None:
+    """Swap the float graph (and its data, possibly hard links into the export cache) for the quantized one."""
+    for name in ("model.onnx", "model.onnx.data"):
+        (sub / name).unlink(missing_ok=True)
+    for f in work.iterdir():
+        os.replace(f, sub / f.name)

@@ -1,0 +1,211 @@
+"""`edgespec calibrate` end to end on the tiny models/bundles: outputs, priors, export, determinism, bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.cli import main
+
+RAW = str(Path(__file__).resolve().parent / "tinymodels.py")
+
+
+def _run(*args, capsys=None) -> tuple[int, str]:
+    rc = main(["calibrate", "--quiet", *map(str, args)])
+    err = capsys.readouterr().err if capsys is not None else ""
+    return rc, err
+
+
+def _outputs(out: Path) -> dict:
+    stem = out.name[:-5]
+    return {"vocab": out, "priors": out.parent / f"{stem}.priors", "curve": out.parent / f"{stem}.coverage.json",
+            "png": out.parent / f"{stem}.coverage.png"}
+
+
+def test_raw_source_writes_vocab_priors_and_curve(tmp_path, tiny_models):
+    from edgespec.calibrate.select import always_kept, coverage_of
+    from edgespec.export.bundle_writer import load_vocab_file
+    from edgespec.runtime.vocab import tokenizer_info
+
+    a, b = tiny_models["tiny-bl-a"], tiny_models["tiny-bl-b"]
+    out = tmp_path / "raw.json"
+    heldout = tmp_path / "held.txt"
+    heldout.write_text("def quicksort(items):\n    return sorted(items)\n")
+    rc, _ = _run("--target", a, "--drafter", b, "--source", "raw", "--data", RAW, "--keep", 300,
+                 "--heldout", heldout, "--out", out)
+    assert rc == 0
+    o = _outputs(out)
+    doc = json.loads(out.read_text())
+    kept = doc["kept_ids"]
+    assert len(kept) == 300 and kept == sorted(set(kept))
+    assert set(always_kept(b)) <= set(kept)
+    with np.load(o["priors"] / "counts.npz", allow_pickle=False) as z:
+        counts = z["drafter"]
+    assert doc["provenance"]["coverage"] == pytest.approx(coverage_of(counts, kept))
+    assert doc["provenance"]["tokens_counted"] == int(counts.sum())
+    prior = np.load(o["priors"] / "prior.npy", allow_pickle=False)
+    assert prior.dtype == np.float32 and abs(float(prior.sum(dtype=np.float64)) - 1) < 1e-6
+    curve = json.loads(o["curve"].read_text())
+    assert curve["k"][-1] == doc["tokenizer"]["vocab_size"] and curve["coverage"][-1] == pytest.approx(1.0)
+    assert 0 < curve["heldout_kept"] <= 1 and len(curve["heldout"]["heldout"]) == len(curve["k"])
+    assert o["png"].read_bytes()[:4] == b"\x89PNG"
+    prov = doc["provenance"]
+    assert "--keep 300" in prov["command"] and prov["inputs"]["target"]["sha256"]
+    assert prov["sources"]["raw"]["files_sha256"] and "numpy" in prov["versions"]
+    # the export side accepts it
+    info = tokenizer_info(b)
+    kv = load_vocab_file(out, info.vocab_hash, doc["tokenizer"]["vocab_size"], info.special_ids)
+    assert kv.ids.tolist() == kept
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_generated_sources_through_a_bundle_are_deterministic(tmp_path, tiny_same_bundle):
+    from edgespec.runtime.rdk import Affinity
+
+    def once(name):
+        out = tmp_path / name / "v.json"
+        out.parent.mkdir()
+        rc, _ = _run("--bundle", tiny_same_bundle, "--source", "target", "drafter", "--mix", 2, 1,
+                     "--prompts", "humaneval", "--max-tokens", 60, "--max-new-tokens", 20, "--keep", 200,
+                     "--affinity", "cooc", "--affinity-topk", 8, "--a-star", "--lambda", 0.4,
+                     "--tf-positions", 60, "--seed", 3, "--save-text", out.parent / "gen.jsonl", "--out", out)
+        assert rc == 0
+        return out
+
+    o1, o2 = _outputs(once("a")), _outputs(once("b"))
+    d1, d2 = (json.loads(o["vocab"].read_text()) for o in (o1, o2))
+    for d in (d1, d2):
+        d["provenance"].pop("command")
+        d["provenance"]["inputs"]["bundle"].pop("path", None)
+    assert d1 == d2
+    for name in ("prior.npy", "counts.npz", "affinity.npz", "randomised.json", "affinity.json"):
+        assert (o1["priors"] / name).read_bytes() == (o2["priors"] / name).read_bytes(), name
+    src = d1["provenance"]["sources"]
+    assert src["target"]["engine"] == "BundleGenerator" and 0 < src["target"]["tokens"] <= 60
+    assert d1["provenance"]["mix"] == {"target": pytest.approx(2 / 3), "drafter": pytest.approx(1 / 3)}
+    m = Affinity.load(o1["priors"] / "affinity.npz")
+    assert m.shape == (200, json.loads((tiny_same_bundle / "manifest.json").read_text())["target"]["vocab_size"])
+    assert np.diff(m.indptr).max() <= 8
+    rnd = json.loads((o1["priors"] / "randomised.json").read_text())
+    assert 0.0 <= rnd["a_star"] <= 1.0 and rnd["lambda"] == 0.4 and rnd["positions"] > 0
+    gen = [json.loads(line) for line in (tmp_path / "a" / "gen.jsonl").read_text().splitlines()]
+    assert {g["source"] for g in gen} == {"target", "drafter"} and all(g["token_ids"] for g in gen)
+
+
+def test_heterogeneous_pair_maps_counts_and_aligns_positions(tmp_path, tiny_hetero_bundle):
+    from edgespec.runtime.rdk import Affinity
+
+    import tinymodels
+
+    out = tmp_path / "h.json"
+    data = tmp_path / "text.txt"
+    data.write_text((tinymodels.ENGLISH + tinymodels.CODE) * 3)
+    rc, _ = _run("--bundle", tiny_hetero_bundle, "--source", "target", "raw", "--data", data,
+                 "--prompts", "humaneval", "--max-tokens", 60, "--max-new-tokens", 30, "--coverage", 0.9,
+                 "--affinity", "cov", "--tf-positions", 80, "--out", out)
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    mapped = doc["provenance"]["sources"]["target"]["mapped"]
+    assert mapped["direct"] + mapped["retokenised"] + mapped["unmapped"] == doc["provenance"]["sources"]["target"]["tokens"]
+    assert doc["provenance"]["coverage"] >= 0.9 and not doc["provenance"]["same_tokenizer"]
+    man = json.loads((tiny_hetero_bundle / "manifest.json").read_text())
+    m = Affinity.load(_outputs(out)["priors"] / "affinity.npz")
+    assert m.shape == (len(doc["kept_ids"]), man["target"]["vocab_size"])
+    info = json.loads((_outputs(out)["priors"] / "affinity.json").read_text())
+    assert info["positions"] > 20 and info["estimator"] == "cov"
+
+
+def test_export_carries_the_priors_into_the_bundle(tmp_path, tiny_models, tiny_export_cache):
+    from edgespec.export.bundle_writer import export_bundle
+    from edgespec.runtime import Bundle, SpeculativeDecoder
+
+    a, b = tiny_models["tiny-bl-a"], tiny_models["tiny-bl-b"]
+    out = tmp_path / "v.json"
+    rc, _ = _run("--target", a, "--drafter", b, "--source", "raw", "--data", RAW, "--keep", 320,
+                 "--affinity", "cooc", "--a-star", "--lambda", 0.5, "--tf-positions", 64, "--out", out)
+    assert rc == 0
+    bundle = export_bundle(str(a), str(b), tmp_path / "bundle", vocab=out, progress=False, cache=tiny_export_cache)
+    bd = Bundle.load(bundle)
+    assert bd.kept == 320 and bd.prior is not None and abs(float(bd.prior.sum(dtype=np.float64)) - 1) < 1e-6
+    assert bd.affinity is not None and bd.affinity.shape == (320, bd.target.vocab_size)
+    assert bd.affinity_info["estimator"] == "cooc"
+    assert 0.0 <= bd.a_star <= 1.0 and bd.randomised["lambda"] == 0.5
+    res = SpeculativeDecoder(bd, strategy="tli", threads=1).generate("def f(x):", max_new_tokens=8)
+    assert len(res.token_ids) > 0
+
+
+@pytest.mark.parametrize("case,match", [
+    ("glob", "matches no files"),
+    ("empty", "empty corpus"),
+    ("keep0", "--keep must be at least 1"),
+    ("keepbig", "out of range"),
+    ("cov", r"--coverage must be in \(0, 1\]"),
+    ("mix", "weight"),
+    ("noprompts", "needs --prompts"),
+    ("nomodels", "name the models"),
+])
+def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, tiny_models, capsys, case, match):
+    a, b = tiny_models["tiny-bl-a"], tiny_models["tiny-bl-b"]
+    (tmp_path / "empty.txt").write_text("")
+    models = ["--target", a, "--drafter", b]
+    args = {
+        "glob": [*models, "--source", "raw", "--data", tmp_path / "*.none", "--keep", 10],
+        "empty": [*models, "--source", "raw", "--data", tmp_path / "empty.txt", "--keep", 10],
+        "keep0": [*models, "--source", "raw", "--data", RAW, "--keep", 0],
+        "keepbig": [*models, "--source", "raw", "--data", RAW, "--keep", 10**6],
+        "cov": [*models, "--source", "raw", "--data", RAW, "--coverage", 1.5],
+        "mix": [*models, "--source", "raw", "--data", RAW, "--mix", 1, 2, "--keep", 10],
+        "noprompts": [*models, "--source", "target", "--keep", 10],
+        "nomodels": ["--source", "raw", "--data", RAW, "--keep", 10],
+    }[case]
+    out = tmp_path / "v.json"
+    rc, err = _run(*args, "--out", out, capsys=capsys)
+    assert rc == 2 and "edgespec: error:" in err and __import__("re").search(match, err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
+
+
+def test_binary_files_in_the_corpus_are_skipped(tmp_path, tiny_models, capsys):
+    a = tiny_models["tiny-bl-a"]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "code.py").write_text(Path(RAW).read_text())
+    (data / "blob.bin").write_bytes(bytes(range(256)) * 8)
+    (data / "latin.txt").write_bytes(b"na\xefve\n")
+    rc, err = _run("--target", a, "--drafter", a, "--source", "raw", "--data", data, "--keep", 100,
+                   "--out", tmp_path / "v.json", capsys=capsys)
+    assert rc == 0 and "skipped 2 file(s)" in err
+    raw = json.loads((tmp_path / "v.json").read_text())["provenance"]["sources"]["raw"]
+    assert (raw["files"], raw["skipped_binary"], raw["skipped_not_utf8"]) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("where", ["edgespec.calibrate.priors.unigram_prior", "edgespec.calibrate.select.plot_curve"])
+def test_interrupted_calibration_leaves_no_partial_output(tmp_path, tiny_models, monkeypatch, where):
+    import importlib
+
+    module, name = where.rsplit(".", 1)
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(module), name, boom)
+    a = tiny_models["tiny-bl-a"]
+    out = tmp_path / "v.json"
+    rc = main(["calibrate", "--quiet", "--target", str(a), "--drafter", str(a), "--source", "raw", "--data", RAW,
+               "--keep", "100", "--out", str(out)])
+    assert rc == 130
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_vocab_for_another_tokenizer_is_refused_by_export(tmp_path, tiny_models, tiny_export_cache):
+    from edgespec.errors import ExportError
+    from edgespec.export.bundle_writer import export_bundle
+
+    a, sp = tiny_models["tiny-bl-a"], tiny_models["tiny-sp"]
+    out = tmp_path / "sp.json"
+    rc, _ = _run("--target", a, "--drafter", sp, "--source", "raw", "--data", RAW, "--keep", 300, "--out", out)
+    assert rc == 0
+    with pytest.raises(ExportError, match="another tokenizer"):
+        export_bundle(str(a), str(tiny_models["tiny-bl-b"]), tmp_path / "b", vocab=out, progress=False,
+                      cache=tiny_export_cache)

@@ -1,0 +1,219 @@
+"""`edgespec bench` on the tiny bundles: the report's formulas and consistency, bad input, Ctrl-C.
+No timing assertions: only that reported numbers follow from the reported parts and the raw records."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from edgespec.cli import main
+from edgespec.errors import EdgespecError, EPError, GenerationError
+from edgespec.profile.bench import BenchSettings, decoder_family, run_bench
+from edgespec.profile.errors import BenchError
+from edgespec.runtime import Bundle
+
+RUN_FIELDS = ("strategy", "draft_length", "acceptance_rate", "tau", "tokens_per_s", "speedup", "ttft_ms", "tpot_ms",
+              "c_params", "c_bytes", "c_time", "mbsu_params", "mbsu_bytes", "mbsu_time", "realisation",
+              "bandwidth_gbs", "bandwidth_fraction", "providers")
+PROMPTS = [
+    {"question_id": 1, "category": "code", "turns": ["def add(a, b):\n    return"]},
+    {"question_id": 2, "category": "code", "turns": ["class Counter:\n    def __init__(self):"]},
+    {"question_id": 3, "category": "prose", "turns": ["The quick brown fox"]},
+    {"question_id": 4, "category": "prose", "turns": ["On edge devices memory bandwidth"]},
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def prompts_file(tmp_path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    return path
+
+
+def settings(bundle, prompts, report, **kw) -> BenchSettings:
+    base = dict(bundle=bundle, report=report, prompts=str(prompts), split="all", strategies=["ar", "tli"],
+                draft_lengths=[1, 3], max_new_tokens=12, repeats=2, threads=1, bandwidth_mb=8, progress=False)
+    base.update(kw)
+    return BenchSettings(**base)
+
+
+def close(a, b, rel=1e-9):
+    return a == pytest.approx(b, rel=rel)
+
+
+def test_bench_cli_report_is_consistent(tiny_self_bundle, prompts_file, tmp_path):
+    out = tmp_path / "report"
+    rc = main(["bench", "--bundle", str(tiny_self_bundle), "--prompts", str(prompts_file), "--split", "all",
+               "--strategies", "ar,tli", "--draft-length", "1,3", "--max-new-tokens", "12", "--repeats", "2",
+               "--threads", "1", "--bandwidth-mb", "8", "--quiet", "--report", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert (out / "report.md").read_text().count("| tli |") >= 2
+    assert {"machine", "versions", "bundle", "settings", "runs"} <= set(doc) and doc["partial"] is False
+    assert len(doc["bundle"]["manifest_sha256"]) == 64
+    for name in doc["plots"]:
+        assert (out / name).stat().st_size > 0
+    runs = {(r["strategy"], r["draft_length"]): r for r in doc["runs"]}
+    assert set(runs) == {("ar", 0), ("tli", 1), ("tli", 3)}
+    ar = runs[("ar", 0)]
+    assert ar["speedup"] == 1.0 and ar["tau"] == 1.0 and ar["mbsu_time"] == 1.0
+    manifest = json.loads((Path(tiny_self_bundle) / "manifest.json").read_text())
+    t_bpf, d_bpf = manifest["target"]["bytes_per_forward"], manifest["drafter"]["bytes_per_forward"]
+    gens = doc["generations"]
+    assert len(gens) == 2 * len(PROMPTS) * 3
+    for key, run in runs.items():
+        assert all(f in run for f in RUN_FIELDS)
+        assert "CPUExecutionProvider" in run["providers"]["target"]
+        g = run["draft_length"]
+        # MBSU and realisation from the reported parts
+        for c in ("params", "bytes", "time"):
+            cval = run[f"c_{c}"]
+            expect = run["tau"] if g == 0 else run["tau"] / (cval * g + 1)
+            assert close(run[f"mbsu_{c}"], expect)
+        assert close(run["realisation"], run["speedup"] / run["mbsu_time"])
+        assert close(run["bandwidth_fraction"], run["bandwidth_gbs"] / doc["machine"]["stream_read_gbs"])
+        if g:
+            assert close(run["c_params"], manifest["drafter"]["params_pruned"] / manifest["target"]["graph_params"])
+            assert close(run["c_bytes"], d_bpf / t_bpf)
+            assert close(run["c_time"], run["draft_step_ms"] / run["target_decode_ms"])
+        # speedup = ar time / this run's time on the same prompts (greedy: same token counts)
+        for rep in run["repeats"]:
+            assert rep["new_tokens"] == rep["ar_new_tokens"]
+            assert close(rep["speedup"], rep["ar_total_ms"] / rep["total_ms"])
+            mine = [x for x in gens if (x["strategy"], x["draft_length"]) == key and x["repeat"] == rep["repeat"]]
+            assert close(rep["total_ms"], sum(x["total_ms"] for x in mine))
+            assert rep["drafted"] == sum(x["drafted"] for x in mine)
+            weight = sum(t_bpf * x["target_forwards"] + d_bpf * x["draft_forwards"] for x in mine)
+            assert close(rep["bandwidth_gbs"], weight / (rep["total_ms"] / 1e3) / 1e9)
+        assert close(run["speedup"], statistics.median(r["speedup"] for r in run["repeats"]))
+        if g:
+            drafted = sum(x["drafted"] for x in gens if (x["strategy"], x["draft_length"]) == key)
+            accepted = sum(x["accepted"] for x in gens if (x["strategy"], x["draft_length"]) == key)
+            assert close(run["acceptance_rate"], accepted / drafted)       # greedy: identical across repeats
+            assert set(run["by_category"]) == {"code", "prose"}
+
+
+def test_variant_decoders_match_fresh_ones(tiny_hetero_bundle):
+    """Decoders sharing sessions (bench, via SpeculativeDecoder.variant) decode exactly like fresh ones."""
+    from edgespec.runtime.decoder import SpeculativeDecoder
+
+    bundle = Bundle.load(tiny_hetero_bundle)
+    s = BenchSettings(bundle=tiny_hetero_bundle, report=Path("unused"), threads=1)
+    family = decoder_family(bundle, [("ar", 0), ("tli", 1), ("tli", 3)], s)
+    assert family[("ar", 0)].target is family[("tli", 3)].target
+    for (strategy, g), dec in family.items():
+        fresh = SpeculativeDecoder(bundle, strategy=strategy, draft_length=max(g, 1), threads=1)
+        a = dec.generate("def quicksort(items):", max_new_tokens=20)
+        b = fresh.generate("def quicksort(items):", max_new_tokens=20)
+        assert a.token_ids == b.token_ids
+        assert (a.stats.drafted, a.stats.accepted) == (b.stats.drafted, b.stats.accepted)
+
+
+def test_interrupted_bench_writes_partial_report(tiny_same_bundle, prompts_file, tmp_path):
+    seen = []
+
+    def hook(record):
+        seen.append(record)
+        if len(seen) == 5:      # ar, tli1, tli3 of prompt 1, then ar and tli1 of prompt 2
+            raise KeyboardInterrupt
+
+    doc = run_bench(settings(tiny_same_bundle, prompts_file, tmp_path / "r"), hook=hook)
+    saved = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert doc["partial"] is True and saved["partial"] is True
+    assert len(saved["generations"]) == 5
+    runs = {(r["strategy"], r["draft_length"]): r for r in saved["runs"]}
+    assert runs[("ar", 0)]["prompts"] == 2 and runs[("tli", 1)]["prompts"] == 2 and runs[("tli", 3)]["prompts"] == 1
+    assert "PARTIAL" in (tmp_path / "r" / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------- bad input
+
+def test_prompts_file_without_usable_prompts(tiny_self_bundle, tmp_path):
+    empty_texts = tmp_path / "blank.jsonl"
+    empty_texts.write_text('{"question_id": 1, "category": "x", "turns": ["   "]}\n{"id": 2, "text": ""}\n')
+    with pytest.raises(BenchError, match="no usable prompts"):
+        run_bench(settings(tiny_self_bundle, empty_texts, tmp_path / "r"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(EdgespecError, match="no prompts"):
+        run_bench(settings(tiny_self_bundle, empty, tmp_path / "r"))
+    assert not (tmp_path / "r" / "report.json").exists()
+
+
+def test_unknown_split_or_category(tiny_self_bundle, prompts_file, tmp_path):
+    with pytest.raises(BenchError, match="unknown split 'dev'"):
+        run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", split="dev"))
+    with pytest.raises(BenchError, match="unknown category 'math'.*code, prose"):
+        run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", categories=["code", "math"]))
+
+
+def test_strategy_the_bundle_cannot_serve(tiny_self_bundle, prompts_file, tmp_path):
+    assert Bundle.load(tiny_self_bundle).affinity is None
+    with pytest.raises(GenerationError, match="affinity"):
+        run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", strategies=["ar", "tli", "rdk"]))
+    with pytest.raises(GenerationError, match="unknown strategy"):
+        run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", strategies=["ar", "nope"]))
+    assert not (tmp_path / "r" / "report.json").exists()
+
+
+def test_inactive_execution_provider(tiny_self_bundle, prompts_file, tmp_path):
+    # DirectML exists only on Windows builds: never active here
+    with pytest.raises(EPError, match="DmlExecutionProvider"):
+        run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", ep="dml"))
+
+
+def test_report_dir_not_writable(tiny_self_bundle, prompts_file, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(BenchError, match="not writable"):
+        run_bench(settings(tiny_self_bundle, prompts_file, blocker / "report"))
+    rc = main(["bench", "--bundle", str(tiny_self_bundle), "--prompts", str(prompts_file), "--report",
+               str(blocker / "report")])
+    assert rc == 2 and "edgespec: error: report directory" in capsys.readouterr().err
+
+
+def test_bad_settings(tiny_self_bundle, prompts_file, tmp_path):
+    for kw, msg in ((dict(draft_lengths=[0]), "draft-length"), (dict(repeats=0), "repeats"),
+                    (dict(temperature=-1.0), "temperature"), (dict(strategies=["tli", "tli"]), "twice")):
+        with pytest.raises(BenchError, match=msg):
+            run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", **kw))
+
+
+# --------------------------------------------------------------------------- real model (CI)
+
+@pytest.mark.real
+def test_bench_smollm_self(smollm_self_bundle, tmp_path):
+    doc = run_bench(BenchSettings(bundle=smollm_self_bundle, report=tmp_path / "r", prompts="humaneval", split="test",
+                                  limit=2, strategies=["ar", "tli"], draft_lengths=[2], max_new_tokens=16, repeats=1,
+                                  threads=1, bandwidth_mb=32, progress=False))
+    runs = {(r["strategy"], r["draft_length"]): r for r in doc["runs"]}
+    tli = runs[("tli", 2)]
+    assert tli["acceptance_rate"] > 0.5       # the drafter is the target with a pruned head
+    assert close(tli["mbsu_time"], tli["tau"] / (tli["c_time"] * 2 + 1))
+    assert close(tli["speedup"], tli["repeats"][0]["ar_total_ms"] / tli["repeats"][0]["total_ms"])
+    assert 0 < tli["c_bytes"] < 1.0 and doc["bundle"]["pair"] == "smollm-self"
+
+
+def test_demo_steps_are_reused_until_inputs_or_outputs_change(tmp_path):
+    import subprocess
+
+    from edgespec.profile.demo import Steps
+
+    made = tmp_path / "made"
+    made.write_text("x")
+    step = ["models", "list", "--json"]
+    quiet = subprocess.DEVNULL
+    assert Steps(tmp_path).run("a", step, "key1", [made], stdout=quiet) is True
+    assert Steps(tmp_path).run("a", step, "key1", [made], stdout=quiet) is False      # state survives a restart
+    assert Steps(tmp_path).run("a", step, "key2", [made], stdout=quiet) is True       # inputs changed
+    made.unlink()
+    assert Steps(tmp_path).run("a", step, "key2", [made], stdout=quiet) is True       # output gone
+    with pytest.raises(BenchError, match="demo step 'b' failed"):
+        Steps(tmp_path).run("b", ["models", "pull", "no-such-model", "--quiet"], "k", [], stdout=quiet)

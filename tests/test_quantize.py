@@ -1,0 +1,257 @@
+"""Quantized bundles (issue 7): int4/int8 export round-trips, bytes per forward, the quality check,
+and the three bad inputs (already quantized, block size, EP without the kernels).
+
+Tiny bundles: tiny-bl-a as target and pruned drafter, quantized through the export hook, from the
+tiny fixtures' export cache. Real (`-m real`): the smollm-self pair, int4 and int8."""
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from distribution import ALPHA, check_lossless  # tests/ is on sys.path (conftest.py)
+from edgespec.cli import main
+from edgespec.errors import ExportError
+from edgespec.export import quantize as q
+from edgespec.export.bundle_writer import export_bundle
+from edgespec.export.quality import compare, held_out_ids
+from edgespec.export.quantize_bundle import make_transform
+from edgespec.runtime import Bundle, SpeculativeDecoder
+
+PROMPTS = ["def quicksort(items):\n    ", "The quick brown fox"]
+N = 24
+
+
+def _export(models, cache, out: Path, scheme: str, **kw) -> Path:
+    m = models["tiny-bl-a"]
+    n = json.loads((m / "config.json").read_text())["vocab_size"]
+    return export_bundle(str(m), str(m), out, keep=(3 * n) // 4, pair="tiny-q", progress=False, cache=cache,
+                         transform=make_transform(scheme, scheme, quality_tokens=64, **kw))
+
+
+@pytest.fixture(scope="module")
+def qbundles(tiny_models, tiny_export_cache, tmp_path_factory):
+    root = tmp_path_factory.mktemp("quantized")
+    return {s: _export(tiny_models, tiny_export_cache, root / s, s) for s in ("int4", "int8")}
+
+
+def _ops(path: Path) -> dict:
+    m = onnx.load(str(path), load_external_data=False)
+    out: dict = {}
+    for n in m.graph.node:
+        out[n.op_type] = out.get(n.op_type, 0) + 1
+    return out
+
+
+def _manifest(bundle: Path) -> dict:
+    return json.loads((bundle / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_bundle_loads_and_records_the_scheme(qbundles, scheme):
+    man = _manifest(qbundles[scheme])
+    for side in ("target", "drafter"):
+        rec = man[side]["quantization"]
+        assert rec["scheme"] == scheme and rec["bits"] == (4 if scheme == "int4" else 8)
+        assert rec["block_size"] == 32 and rec["accuracy_level"] == 4
+        assert man[side]["bytes_per_forward"] < rec["bytes_per_forward_fp32"] / (3 if scheme == "int4" else 1.8)
+        ops = _ops(qbundles[scheme] / side / "model.onnx")
+        assert "MatMul" in ops  # attention's activation x activation MatMuls stay float
+        assert ops["MatMulNBits"] == 2 * 7 + 1  # 7 projections per layer + the LM head
+    # the pruned drafter head is quantized: its MatMulNBits has N = K kept columns
+    d = onnx.load(str(qbundles[scheme] / "drafter" / "model.onnx"), load_external_data=False)
+    ns = [{a.name: a.i for a in n.attribute}["N"] for n in d.graph.node if n.op_type == "MatMulNBits"]
+    assert man["drafter"]["kept"] in ns
+    Bundle.load(qbundles[scheme], verify="full")
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_greedy_identity_with_ar(qbundles, scheme):
+    b = Bundle.load(qbundles[scheme])
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1)
+    for k in (1, 4):
+        dec = SpeculativeDecoder(b, strategy="tli", draft_length=k, threads=1)
+        for p in PROMPTS:
+            expect = ar.generate(p, max_new_tokens=N).token_ids
+            assert len(expect) > 0
+            assert dec.generate(p, max_new_tokens=N).token_ids == expect, (scheme, k, p)
+
+
+def test_quantized_bundle_is_lossless_at_temperature_1(qbundles):
+    b = Bundle.load(qbundles["int4"])
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1)
+    pvals = check_lossless(dec, b, b.target.tokenizer.encode("The quick brown").ids, n=2000, seed=0)
+    assert min(pvals.values()) > ALPHA, pvals
+
+
+def _initializer_bytes_loaded(path: Path) -> int:
+    """Independent count: load the tensors' bytes and sum them; a gathered table counts one row."""
+    m = onnx.load(str(path), load_external_data=True)
+    gathered = {n.input[i] for n in m.graph.node for i in {"Gather": (0,), "GatherBlockQuantized": (0, 2, 3)}
+                .get(n.op_type, ())}
+    other = {i for n in m.graph.node for k, i in enumerate(n.input)
+             if not (n.op_type == "Gather" and k == 0) and not (n.op_type == "GatherBlockQuantized" and k in (0, 2, 3))}
+    total = 0
+    for t in m.graph.initializer:
+        nbytes = len(t.raw_data) if t.raw_data else onnx.numpy_helper.to_array(t).nbytes
+        total += nbytes // t.dims[0] if t.name in gathered and t.name not in other else nbytes
+    return total
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_manifest_bytes_per_forward_is_the_sum_of_initializer_sizes(qbundles, scheme):
+    man = _manifest(qbundles[scheme])
+    for side in ("target", "drafter"):
+        assert man[side]["bytes_per_forward"] == _initializer_bytes_loaded(qbundles[scheme] / side / "model.onnx")
+
+
+def test_embedding_quantization_counts_one_row(tiny_export_cache, tmp_path):
+    src = _cached_export(tiny_export_cache, "tiny-bl-a")
+    dst = tmp_path / "e" / "model.onnx"
+    rec = q.quantize_onnx(src, dst, "int4", embedding=True)
+    assert rec["embedding_quantized"] and "GatherBlockQuantized" in rec["ops"]
+    stats = q.weight_stats(dst)
+    assert stats["bytes_per_forward"] == _initializer_bytes_loaded(dst) < stats["initializer_bytes"]
+
+
+def test_quality_check_is_recorded_and_meaningful(qbundles, tiny_export_cache):
+    for scheme in ("int4", "int8"):
+        res = _manifest(qbundles[scheme])["checks"]["quantized_target_quality"]
+        assert 0.0 <= res["top1_agreement"] <= 1.0 and 0.0 < res["mean_overlap"] <= 1.0
+        assert res["positions"] == 64 and res["verdict"] in ("ok", "degraded")
+        assert res["threshold"] == {"top1_agreement": 0.9, "mean_overlap": 0.9}
+    # int8 is much closer to fp32 than int4 on the same weights
+    q4 = _manifest(qbundles["int4"])["checks"]["quantized_target_quality"]
+    q8 = _manifest(qbundles["int8"])["checks"]["quantized_target_quality"]
+    assert q8["mean_overlap"] > q4["mean_overlap"]
+    # a graph compared with itself agrees everywhere
+    fp32 = _cached_export(tiny_export_cache, "tiny-bl-a")
+    seqs = held_out_ids(qbundles["int4"] / "target" / "tokenizer.json", n_tokens=32, segment=16)
+    same = compare(fp32, fp32, seqs)
+    assert same["top1_agreement"] == 1.0 and same["mean_overlap"] == pytest.approx(1.0, abs=1e-5)
+
+
+def _cached_export(cache: Path, name: str) -> Path:
+    for meta in cache.glob("*/edgespec-export.json"):
+        if json.loads(meta.read_text())["name"] == name:
+            return meta.parent / "model.onnx"
+    raise AssertionError(f"no cached export of {name} in {cache}")
+
+
+def _close_to_float(src: Path, dst: Path, vocab: int, min_corr: float) -> None:
+    from edgespec.export.onnx_export import check_inputs, ort_session, run_prefill_decode
+
+    x = check_inputs(vocab)
+    ref = run_prefill_decode(ort_session(src), x)
+    got = run_prefill_decode(ort_session(dst), x)
+    assert got.shape == ref.shape and np.isfinite(got).all()
+    assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > min_corr
+
+
+def test_int8_dynamic(tiny_models, tiny_export_cache, tmp_path):
+    src = _cached_export(tiny_export_cache, "tiny-bl-a")
+    dst = tmp_path / "d" / "model.onnx"
+    rec = q.quantize_onnx(src, dst, "int8-dynamic")
+    assert rec["block_size"] is None and rec["ops"] == ["DynamicQuantizeLinear", "MatMulInteger"]
+    assert _ops(dst)["MatMulInteger"] == 2 * 7 + 1
+    vocab = json.loads((tiny_models["tiny-bl-a"] / "config.json").read_text())["vocab_size"]
+    _close_to_float(src, dst, vocab, 0.95)
+
+
+def test_tied_transposed_head_gets_its_own_quantized_weight(tmp_path):
+    """optimum writes a tied head as MatMul(x, Transpose(E)) when accelerate is present: the head gets
+    a quantized E^T of its own, the embedding Gather keeps E."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    v, h = 96, 64
+    emb = numpy_helper.from_array(rng.standard_normal((v, h)).astype(np.float32), "E")
+    w = numpy_helper.from_array(rng.standard_normal((h, h)).astype(np.float32) / 8, "W")
+    nodes = [helper.make_node("Gather", ["E", "input_ids"], ["x"]),
+             helper.make_node("MatMul", ["x", "W"], ["y"]),
+             helper.make_node("Transpose", ["E"], ["Et"], perm=[1, 0]),
+             helper.make_node("MatMul", ["y", "Et"], ["logits"])]
+    graph = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "s"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "s", v])], [emb, w])
+    src = tmp_path / "tied.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(src))
+    dst = tmp_path / "q" / "model.onnx"
+    rec = q.quantize_onnx(src, dst, "int4")
+    assert rec["tied_heads_materialized"] == 1
+    ops = _ops(dst)
+    assert ops == {"Gather": 1, "MatMulNBits": 2}
+    import onnxruntime as ort
+
+    ids = rng.integers(0, v, (1, 8), dtype=np.int64)
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"input_ids": ids})[0]
+    got = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"input_ids": ids})[0]
+    assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.98
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_refuses_an_already_quantized_model(qbundles, tmp_path):
+    with pytest.raises(ExportError, match="already quantized.*MatMulNBits"):
+        q.quantize_onnx(qbundles["int4"] / "target" / "model.onnx", tmp_path / "x" / "model.onnx", "int8")
+    assert not (tmp_path / "x" / "model.onnx").exists()
+
+
+def test_refuses_a_block_size_the_dimensions_do_not_divide(tiny_models, tiny_export_cache, tmp_path):
+    with pytest.raises(ExportError, match=r"block size 128 does not divide 64, the K \(input dim\).*\[16, 32, 64\]"):
+        _export(tiny_models, tiny_export_cache, tmp_path / "b", "int4", block_size=128)
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("scheme,ep,embedding,match", [
+    ("int4", "tensorrt", False, "MatMulNBits kernel, which the tensorrt EP .*lacks.*CPU, CUDA, Dml"),
+    ("int8-dynamic", "cuda", False, "DynamicQuantizeLinear/MatMulInteger kernel, which the cuda EP"),
+    ("int4", "dml", True, "GatherBlockQuantized kernel, which the dml EP.*--no-quantize-embedding"),
+])
+def test_refuses_a_scheme_the_ep_lacks(scheme, ep, embedding, match):
+    with pytest.raises(ExportError, match=match):
+        make_transform(scheme, None, ep=ep, embedding=embedding)
+
+
+def test_cli_refusal_is_one_line_and_exit_2(capsys, tmp_path):
+    rc = main(["export", "--target", "x", "--drafter", "x", "--keep", "8", "--out", str(tmp_path / "o"),
+               "--quantize", "int4", "--quantize-ep", "tensorrt"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("edgespec: error:") and "MatMulNBits" in err and "\n" not in err
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- real model (CI)
+
+@pytest.fixture(scope="module")
+def smollm_quantized(tmp_path_factory):
+    out = {}
+    for scheme in ("int4", "int8"):
+        path = tmp_path_factory.mktemp("smollm-q") / f"smollm-self-{scheme}"
+        rc = main(["export", "--pair", "smollm-self", "--keep", "8192", "--out", str(path), "--quiet",
+                   "--quantize", scheme, "--block-size", "32"])
+        assert rc == 0
+        out[scheme] = path
+    return out
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_smollm_quantized_bundle(smollm_quantized, scheme):
+    path = smollm_quantized[scheme]
+    man = _manifest(path)
+    assert man["target"]["quantization"]["scheme"] == scheme
+    assert man["target"]["bytes_per_forward"] == _initializer_bytes_loaded(path / "target" / "model.onnx")
+    quality = man["checks"]["quantized_target_quality"]
+    assert quality["positions"] == 512
+    if scheme == "int8":
+        assert quality["verdict"] == "ok", quality
+    b = Bundle.load(path)
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1)
+    for p in ["def fibonacci(n):", "The capital of France is"]:
+        expect = ar.generate(p, max_new_tokens=24)
+        assert expect.text.strip()
+        assert dec.generate(p, max_new_tokens=24).token_ids == expect.token_ids
+    pvals = check_lossless(dec, b, b.target.tokenizer.encode("The quick brown").ids, n=1000, seed=0)
+    assert min(pvals.values()) > ALPHA, pvals
