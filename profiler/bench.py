@@ -224,9 +224,14 @@ def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> d
         print(f"edgespec: warning: {len(skipped)} prompt(s) skipped (prompt + max_new_tokens over the context)",
               file=sys.stderr)
     bandwidth = read_bandwidth(s.bandwidth_mb)
-    if s.warmup:
-        warm_up(decoders, encoded[0][1], s)
-    records, partial = measure(decoders, encoded, s, hook)
+    try:
+        if s.warmup:
+            warm_up(decoders, encoded[0][1], s)
+    except KeyboardInterrupt:
+        print("edgespec: interrupted during the warm-up: nothing measured (partial)", file=sys.stderr)
+        records, partial = [], True
+    else:
+        records, partial = measure(decoders, encoded, s, hook)
     gbs = bandwidth["gbs"] if bandwidth else None
     runs = summarise(records, configs, bundle.manifest, gbs)
     doc = R.build_report(s, bundle, runs, records, bandwidth, partial, [p.id for p, _ in encoded], skipped,

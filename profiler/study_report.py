@@ -71,23 +71,27 @@ def plots(doc: dict, out: Path) -> list[str]:
     return names
 
 
-def _style(r: dict, rank: int) -> dict:
+def _style(r: dict, shade: float) -> dict:
     if r["sampler"] == "masked":
         return {"color": "grey", "ls": ":", "marker": "x"}
     if r["sampler"] == "tli":
         return {"color": "black", "ls": "-", "marker": "o"}
     if r["sampler"] == "rdk":
         return {"color": "tab:blue" if r["estimator"] == "cooc" else "tab:green", "ls": "-", "marker": "s"}
-    return {"color": "tab:red", "ls": "-" if r["beta"] == 1 else "--", "marker": "^", "alpha": 1.0 - 0.1 * rank}
+    import matplotlib.cm as cm
+
+    return {"color": cm.autumn(shade), "ls": "-" if r["beta"] == 1 else "--", "marker": "^"}
 
 
 def _alpha_plot(plt, doc: dict, out: Path) -> str:
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     labels = list(dict.fromkeys(_label(r) for r in doc["rows"]))
-    for i, lab in enumerate(labels):
+    betas = sorted({r["beta"] for r in doc["rows"] if r["beta"] is not None})
+    for lab in labels:
         rs = sorted((r for r in doc["rows"] if _label(r) == lab), key=lambda r: r["pruned_fraction"])
+        shade = betas.index(rs[0]["beta"]) / max(len(betas), 1) if rs[0]["beta"] is not None else 0.0
         ax.plot([r["pruned_fraction"] for r in rs], [r["alpha"] for r in rs], label=lab, lw=1.4,
-                **_style(rs[0], i % 6))
+                **_style(rs[0], shade))
     m = doc["models"]
     ax.set_xlabel(f"fraction of the drafter vocabulary pruned (V_d = {m['drafter_vocab']})")
     ax.set_ylabel("expected acceptance α = Σ min(p, q)")

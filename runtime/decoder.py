@@ -35,10 +35,8 @@ from edgespec.runtime.sampling import SamplingParams, make_rng, probabilities, s
 from edgespec.runtime.sessions import create_session
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.strategies import get_strategy
+from edgespec.runtime.text import TextState
 from edgespec.runtime.verify import verify_greedy, verify_sampled
-
-_REPLACEMENT = "\ufffd"
-
 
 @dataclass
 class GenerationResult:
@@ -147,9 +145,9 @@ class SpeculativeDecoder:
 
     @property
     def providers(self) -> dict:
-        out = {"target": self.target_session_info.active}
+        out = {"target": list(self.target_session_info.active)}
         if self.drafter_session_info:
-            out["drafter"] = self.drafter_session_info.active
+            out["drafter"] = list(self.drafter_session_info.active)
         return out
 
     # ------------------------------------------------------------------ prompts
@@ -216,7 +214,7 @@ class SpeculativeDecoder:
         self._last_generation = gen          # for debugging and the profiler
         gen.stats.fallbacks = [i.fallback for i in (self.target_session_info, self.drafter_session_info)
                                if i is not None and i.fallback]
-        text_state = _TextState(self.bundle.target.tokenizer, stops)
+        text_state = TextState(self.bundle.target.tokenizer, stops)
         reason = "interrupted"
         yield ""
         try:
@@ -399,51 +397,3 @@ def _stop_strings(stop) -> list[str]:
     if not all(isinstance(s, str) and s for s in items):
         raise GenerationError("stop must be a non-empty string or a list of non-empty strings")
     return items
-
-
-class _TextState:
-    """Incremental detokenisation: text deltas that never end in a half-decoded character or in a
-    prefix of a stop string, and stop-string detection."""
-
-    def __init__(self, tokenizer, stops: list[str]):
-        self.tok = tokenizer
-        self.stops = stops
-        self.max_stop = max((len(s) for s in stops), default=0)
-        self.emitted = ""
-        self.final_text = ""
-        self.searched = 0            # text before this index holds no stop string
-        self.stopped_at: int | None = None   # token count to keep after a stop string
-
-    def _decode(self, ids) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
-
-    def update(self, ids: list[int], reason: str | None) -> str | None:
-        text = self._decode(ids)
-        if self.stops:
-            start = max(0, self.searched - self.max_stop - 4)   # slack: a trailing U+FFFD may resolve
-            hits = [(i, s) for s in self.stops if (i := text.find(s, start)) >= 0]
-            if hits:
-                pos, s = min(hits)
-                text = text[:pos]
-                m = len(ids)
-                while m > 1 and s in self._decode(ids[:m - 1])[pos:]:
-                    m -= 1
-                self.stopped_at = m
-                reason = "stop"
-            self.searched = len(text)
-        self.final_text = text
-        return reason
-
-    def take(self, final: bool) -> str:
-        text = self.final_text
-        if not final:
-            text = text.rstrip(_REPLACEMENT)
-            for k in range(min(self.max_stop - 1, len(text)), 0, -1):
-                if any(s.startswith(text[-k:]) for s in self.stops):
-                    text = text[:-k]
-                    break
-        if not text.startswith(self.emitted):
-            return ""
-        delta = text[len(self.emitted):]
-        self.emitted = text
-        return delta

@@ -32,10 +32,17 @@ draft were drawn before the verify, independently of the acceptance test at j, a
 drawn conditioned on d_j = x_j), or as position 1 of the next iteration. So every position is
 emitted from the target's conditional p_j(. | x_<j), and by the chain rule the whole sequence has the
 target's law. At temperature 0 p is a point mass: an accepted draft and the residual both give the
-target's argmax, so the output equals greedy `ar` token for token.
+target's argmax, so the output equals greedy `ar` token for token (the decoder then skips the coins).
+
+Where it runs: `SpeculativeDecoder(..., draft_probability=a | "auto")` (auto = the bundle's a*), with
+any token-level strategy (sd, tli, rdk-taylor, rdk); verify.verify_sampled does the per-position
+accept/residual rule. `randomised_round` below is the round used at temperature > 0: it flips the
+coins first and runs the no-draft drafter forward on a worker thread while the target verifies
+(option concurrent_draft=False: Generation.token_round's sequential path, same law).
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
@@ -102,8 +109,10 @@ def randomised_round(gen, gamma: int) -> list[int]:
             gen.drafter.crop(gen.drafter.length - 1)
         if j == n:                                        # the no-draft position: q only, concurrently
             pending = ctx.ids[gen.drafter.length:]
+            was_prefill = gen.drafter.length == 0
             side = getattr(dec, "_side_runner", None) or SideRunner()
             dec._side_runner = side
+            t_submit = time.perf_counter()
             future = side.submit(gen.drafter.forward, pending)
             break
         row = gen.draft_forward(ctx.ids[gen.drafter.length:])
@@ -112,15 +121,20 @@ def randomised_round(gen, gamma: int) -> list[int]:
         drafts.append(x)
         marks.append(len(ctx.ids))
         ctx.ids.extend(ctx.feed_ids(x))
-    logits = gen.target.forward([gen.last, *drafts])
+    try:
+        logits = gen.target.forward([gen.last, *drafts])
+    finally:                                              # never leave the drafter running behind us
+        row = future.result()[-1] if no_draft else None
     st.record_verify(n + 1, gen.target.last_ms)
     if no_draft:
-        row = future.result()[-1]
         ms = gen.drafter.last_ms
         st.draft_forwards += 1
-        st.draft_ms += ms
-        st.draft_ms_steps.append(ms)
-        st.concurrent_draft_ms += ms
+        st.overlap_ms += max(0.0, ms + gen.target.last_ms - (time.perf_counter() - t_submit) * 1e3)
+        if was_prefill:                                   # the drafter's prefill ran in this round
+            st.prefill_ms += ms
+        else:
+            st.draft_ms += ms
+            st.draft_ms_steps.append(ms)
         strategy.distribution(state, row, params, dec.q_rows[n])
     p = probabilities(logits, params, out=dec.p_rows[:n + 1])
     d = np.asarray(drafts, dtype=np.int64)

@@ -36,11 +36,12 @@ Times (ms, wall clock, time.perf_counter)
 - `prefill_ms`: the target's prefill run + the drafter's prefill run (ORT time only).
 - `draft_ms`: drafter ORT runs after its prefill.
 - `verify_ms`: target ORT runs after its prefill.
-- `overhead_ms` = total_ms - prefill_ms - draft_ms - verify_ms + concurrent_draft_ms: everything that
-  is not an ORT run (tokenisation, templates, sampling, strategies, verify arithmetic, KV slicing, text
-  decoding).
-- `concurrent_draft_ms`: the part of draft_ms that ran on a worker thread concurrently with a verify
-  forward (randomised drafting's no-draft positions, runtime/randomised.py); 0 otherwise.
+- `overhead_ms` = total_ms - prefill_ms - draft_ms - verify_ms + overlap_ms: everything that is not an
+  ORT run (tokenisation, templates, sampling, strategies, verify arithmetic, KV slicing, text decoding).
+- `overlap_ms`: ORT time that ran at the same time as other ORT time, hence counted twice in
+  prefill/draft/verify_ms: randomised drafting runs the no-draft drafter forward on a worker thread
+  while the target verifies (runtime/randomised.py); per such round, drafter ms + verify ms - the
+  round's wall time for the two. 0 otherwise.
 
 Profiler hooks
 - `verify_ms_by_k`: {k: [ms, ...]}: each target run after prefill, keyed by the number of tokens fed
@@ -80,7 +81,7 @@ class GenerationStats:
     prefill_ms: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
-    concurrent_draft_ms: float = 0.0
+    overlap_ms: float = 0.0
     verify_ms_by_k: dict = field(default_factory=dict)
     draft_ms_steps: list = field(default_factory=list)
     accepted_per_step: list = field(default_factory=list)
@@ -91,7 +92,7 @@ class GenerationStats:
 
     @property
     def overhead_ms(self) -> float:
-        return max(self.total_ms - self.prefill_ms - self.draft_ms - self.verify_ms + self.concurrent_draft_ms, 0.0)
+        return max(self.total_ms - self.prefill_ms - self.draft_ms - self.verify_ms + self.overlap_ms, 0.0)
 
     @property
     def acceptance_rate(self) -> float | None:

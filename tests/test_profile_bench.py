@@ -217,3 +217,17 @@ def test_demo_steps_are_reused_until_inputs_or_outputs_change(tmp_path):
     assert Steps(tmp_path).run("a", step, "key2", [made], stdout=quiet) is True       # output gone
     with pytest.raises(BenchError, match="demo step 'b' failed"):
         Steps(tmp_path).run("b", ["models", "pull", "no-such-model", "--quiet"], "k", [], stdout=quiet)
+
+
+def test_bench_needs_no_torch(tiny_self_bundle, prompts_file, tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from edgespec.cli import main; "
+            f"rc = main(['bench', '--bundle', {str(tiny_self_bundle)!r}, '--prompts', {str(prompts_file)!r}, "
+            "'--split', 'all', '--limit', '1', '--strategies', 'ar,tli', '--draft-length', '2', "
+            "'--max-new-tokens', '4', '--repeats', '1', '--threads', '1', '--bandwidth-mb', '0', '--quiet', "
+            f"'--report', {str(tmp_path / 'r')!r}]); "
+            "assert rc == 0 and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:3]")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
