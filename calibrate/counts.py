@@ -4,7 +4,8 @@ Inputs are files, directories (walked recursively) or globs (`**` recursive), re
 `.gz` files are decompressed; `.jsonl`/`.jsonl.gz` files yield one document per line from a field
 (default "text"). A document is tokenised in chunks cut at line starts that begin with a non-space
 character, so a chunk boundary never changes the pre-tokenisation of the text around it; memory is
-bounded by the chunk batch (about 1M characters) and the count arrays.
+bounded by the chunk batch (about 1M characters) and the count arrays. Chunks that continue a document
+are encoded without a SentencePiece-style prefix space (which the whole text has only at its start).
 
 Special tokens are counted as the model sees them: the tokenizer's own post-processor affixes (BOS for
 Gemma-style tokenizers, nothing for Qwen) once per document, never per chunk.
@@ -135,22 +136,64 @@ def _text_stream(path: Path) -> io.TextIOBase:
     return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
 
 
+def clean_cut(prev: str, line: str) -> bool:
+    """Whether cutting between two lines keeps the pre-tokenisation (GPT-2 and Qwen regexes, Metaspace):
+    `line` starts with a non-space character and `prev` ends with one newline after a non-space one
+    (a longer whitespace run at the end of a chunk would be split differently from the whole text)."""
+    return (bool(line[:1]) and not line[:1].isspace() and len(prev) >= 2 and prev[-1] == "\n"
+            and not prev[-2].isspace())
+
+
 def chunk_lines(lines: Iterable[str], chunk_chars: int | None = None) -> Iterator[str]:
-    """Join lines into chunks of about `chunk_chars`, cut only before a line starting with a
-    non-whitespace character (so the whitespace pre-tokens around the cut are unchanged)."""
+    """Join lines into chunks of about `chunk_chars`, cut only where `clean_cut` holds; a chunk that
+    finds no clean cut is cut at any line end once it reaches 8 x chunk_chars (bounded memory)."""
     chunk_chars = CHUNK_CHARS if chunk_chars is None else chunk_chars
     buf: list[str] = []
     size = 0
     for line in lines:
         if "\x00" in line:
             raise SkipFile("binary")
-        if size >= chunk_chars and line[:1] and not line[:1].isspace():
+        if buf and (size >= chunk_chars and clean_cut(buf[-1], line) or size >= 8 * chunk_chars):
             yield "".join(buf)
             buf, size = [], 0
         buf.append(line)
         size += len(line)
     if buf:
         yield "".join(buf)
+
+
+def continuation_tokenizer(tokenizer):
+    """A copy of the tokenizer for chunks that continue a document: no SentencePiece-style prefix
+    space (Metaspace prepend_scheme, Prepend normalizer), which the whole text has only at its start.
+    The tokenizer itself when it has none."""
+    from tokenizers import Tokenizer
+
+    data = json.loads(tokenizer.to_str())
+    changed = False
+
+    def fix(node):
+        nonlocal changed
+        if isinstance(node, dict):
+            if node.get("type") == "Metaspace":
+                if node.get("prepend_scheme") in ("first", "always"):
+                    node["prepend_scheme"], changed = "never", True
+                if node.get("add_prefix_space"):
+                    node["add_prefix_space"], changed = False, True
+            for key, value in list(node.items()):
+                if isinstance(value, list):
+                    kept = [v for v in value if not (isinstance(v, dict) and v.get("type") == "Prepend")]
+                    if len(kept) != len(value):
+                        node[key], changed = kept, True
+                fix(node[key])
+        elif isinstance(node, list):
+            for v in node:
+                fix(v)
+
+    if isinstance(data.get("normalizer"), dict) and data["normalizer"].get("type") == "Prepend":
+        data["normalizer"], changed = None, True
+    fix(data.get("normalizer"))
+    fix(data.get("pre_tokenizer"))
+    return Tokenizer.from_str(json.dumps(data)) if changed else tokenizer
 
 
 def iter_file_documents(path: Path, jsonl_field: str = "text") -> Iterator[Any]:
@@ -208,6 +251,7 @@ class TokenCounter:
         self.counts = np.zeros(self.size, dtype=np.int64)
         self._file = np.zeros(self.size, dtype=np.int64)
         self.prefix, self.suffix = special_affixes(tokenizer)
+        self.cont_tokenizer = continuation_tokenizer(tokenizer)
 
     def begin_file(self) -> None:
         self._file[:] = 0
@@ -224,10 +268,14 @@ class TokenCounter:
         self._file += np.bincount(ids, minlength=self.size)
         return int(ids.size)
 
-    def add_texts(self, texts: list[str]) -> int:
+    def add_texts(self, texts: list[str], starts_document: bool = True) -> int:
+        """Count chunks; the first starts a document only if `starts_document`, the others continue it."""
         n = 0
-        for enc in self.tokenizer.encode_batch(texts, add_special_tokens=False):
-            n += self.add_ids(enc.ids)
+        heads, rest = (texts[:1], texts[1:]) if starts_document else ([], texts)
+        for tok, part in ((self.tokenizer, heads), (self.cont_tokenizer, rest)):
+            if part:
+                for enc in tok.encode_batch(part, add_special_tokens=False):
+                    n += self.add_ids(enc.ids)
         return n
 
     def add_document_affixes(self) -> int:
@@ -241,7 +289,7 @@ def count_corpus(paths: list[Path], counters: list[TokenCounter], jsonl_field: s
 
     stats = CorpusStats()
     primary = counters[0]
-    bar = tqdm(total=len(paths), desc="counting", unit="file", disable=not progress, leave=False)
+    bar = tqdm(total=len(paths), desc="counting", unit="file", disable=not progress, leave=False, mininterval=1.0)
     try:
         for path in paths:
             if max_tokens is not None and stats.tokens >= max_tokens:
@@ -295,11 +343,11 @@ def _count_file(path: Path, counters: list[TokenCounter], jsonl_field: str) -> t
             batch.append(chunk)
             size += len(chunk)
             if size >= BATCH_CHARS:
-                n_tok += _add_batch(batch, counters)
+                n_tok += _add_batch(batch, counters, doc_chars == 0)
                 doc_chars += size
                 batch, size = [], 0
         if batch:
-            n_tok += _add_batch(batch, counters)
+            n_tok += _add_batch(batch, counters, doc_chars == 0)
             doc_chars += size
         if doc_chars:
             n_docs += 1
@@ -310,10 +358,10 @@ def _count_file(path: Path, counters: list[TokenCounter], jsonl_field: str) -> t
     return n_docs, n_chars, n_tok
 
 
-def _add_batch(batch: list[str], counters: list[TokenCounter]) -> int:
-    n = counters[0].add_texts(batch)
+def _add_batch(batch: list[str], counters: list[TokenCounter], starts_document: bool) -> int:
+    n = counters[0].add_texts(batch, starts_document)
     for c in counters[1:]:
-        c.add_texts(batch)
+        c.add_texts(batch, starts_document)
     return n
 
 

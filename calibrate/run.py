@@ -245,7 +245,8 @@ def _curve(cfg: CalibrationConfig, models, d_counts: np.ndarray, selection, sour
            "ranking": "count descending, ties by lower id (special tokens not forced in)"}
     if cfg.heldout:
         h, info = _heldout_counts(cfg.heldout, models)
-        doc["heldout"] = {"heldout": sel.coverage_curve(h, ks, order).round(6).tolist()}
+        name = Path(cfg.heldout[0]).name + (f" +{len(cfg.heldout) - 1}" if len(cfg.heldout) > 1 else "")
+        doc["heldout"] = {name: sel.coverage_curve(h, ks, order).round(6).tolist()}
         doc["heldout_info"] = info
         doc["heldout_kept"] = round(sel.coverage_of(h, selection.kept_ids), 6)
         _log(cfg, f"held-out coverage of the kept set: {doc['heldout_kept']:.4f} ({info['tokens']} tokens)")

@@ -237,7 +237,8 @@ def run_pass(sequences, target_fn, drafter_fn, index_map: np.ndarray, temperatur
     if not temperature > 0:
         raise CalibrationError(f"teacher-forced priors need a temperature > 0, got {temperature}")
     stats = PassStats()
-    bar = tqdm(total=max_positions, desc="teacher-forced positions", unit="pos", disable=not progress, leave=False)
+    bar = tqdm(total=max_positions, desc="teacher-forced positions", unit="pos", disable=not progress, leave=False,
+               mininterval=1.0)
     try:
         for seq in sequences:
             if seq is None:

@@ -230,7 +230,8 @@ def slem_round(gen, gamma: int) -> list[int]:
         if d in state.stop_ids:
             break
         ctx.ids.append(d)
-    committed_tail = (gen.prompt_ids[-state.translator.lookbehind:] + gen.generated)[-state.translator.lookbehind:]
+    look = state.translator.lookbehind
+    committed_tail = (gen.prompt_ids[-look:] + gen.generated[-look:])[-look:]
     before = state.translator.realignments
     proposal = state.translator.propose(committed_tail, draft).ids
     st.slem_realignments += state.translator.realignments - before

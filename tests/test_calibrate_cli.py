@@ -49,7 +49,7 @@ def test_raw_source_writes_vocab_priors_and_curve(tmp_path, tiny_models):
     assert prior.dtype == np.float32 and abs(float(prior.sum(dtype=np.float64)) - 1) < 1e-6
     curve = json.loads(o["curve"].read_text())
     assert curve["k"][-1] == doc["tokenizer"]["vocab_size"] and curve["coverage"][-1] == pytest.approx(1.0)
-    assert 0 < curve["heldout_kept"] <= 1 and len(curve["heldout"]["heldout"]) == len(curve["k"])
+    assert 0 < curve["heldout_kept"] <= 1 and len(curve["heldout"]["held.txt"]) == len(curve["k"])
     assert o["png"].read_bytes()[:4] == b"\x89PNG"
     prov = doc["provenance"]
     assert "--keep 300" in prov["command"] and prov["inputs"]["target"]["sha256"]

@@ -24,10 +24,11 @@ def _direct(tok, texts, size, add_special=True):
     return out
 
 
-def test_streamed_counts_equal_whole_text_counts(tmp_path, toks, monkeypatch):
-    """Small chunks (cut only before non-space line starts) must not change the tokenisation."""
-    tok = toks["bytelevel"]
-    text = (tinymodels.CODE + tinymodels.ENGLISH) * 40
+@pytest.mark.parametrize("kind", ["bytelevel", "spiece"])
+def test_streamed_counts_equal_whole_text_counts(tmp_path, toks, monkeypatch, kind):
+    """Small chunks (clean cuts only; no prefix space on continuation chunks) keep the tokenisation."""
+    tok = toks[kind]
+    text = (tinymodels.CODE + "\n\n" + tinymodels.ENGLISH + "  \n") * 40
     (tmp_path / "a.py").write_text(text, encoding="utf-8")
     monkeypatch.setattr(ct, "CHUNK_CHARS", 200)
     monkeypatch.setattr(ct, "BATCH_CHARS", 1000)
@@ -39,12 +40,16 @@ def test_streamed_counts_equal_whole_text_counts(tmp_path, toks, monkeypatch):
     assert stats.tokens == int(c.counts.sum())
 
 
-def test_chunks_are_bounded_and_cut_before_non_space_lines():
+def test_chunks_are_bounded_and_cut_cleanly():
     lines = [("    x = 1\n" if i % 3 else "def f():\n") for i in range(1000)]
     chunks = list(ct.chunk_lines(lines, chunk_chars=100))
     assert "".join(chunks) == "".join(lines)
     assert max(len(c) for c in chunks) <= 100 + 3 * 10
-    assert all(c.startswith("def") for c in chunks[1:])
+    assert all(c.startswith("def") and not c[-2].isspace() for c in chunks[1:])
+    # no clean cut at all (every line indented): forced cuts keep chunks bounded
+    lines = ["    y = 2\n"] * 1000
+    chunks = list(ct.chunk_lines(lines, chunk_chars=100))
+    assert "".join(chunks) == "".join(lines) and max(len(c) for c in chunks) <= 800 + 10
 
 
 def test_bos_counted_once_per_document(tmp_path, toks):
@@ -181,7 +186,8 @@ def test_map_counts_between_vocabularies(toks):
 def test_streaming_really_chunks(tmp_path, toks, monkeypatch):
     seen = []
     real = ct.TokenCounter.add_texts
-    monkeypatch.setattr(ct.TokenCounter, "add_texts", lambda self, texts: seen.append(len(texts)) or real(self, texts))
+    monkeypatch.setattr(ct.TokenCounter, "add_texts",
+                        lambda self, texts, start=True: seen.append(len(texts)) or real(self, texts, start))
     monkeypatch.setattr(ct, "CHUNK_CHARS", 200)
     monkeypatch.setattr(ct, "BATCH_CHARS", 1000)
     (tmp_path / "a.py").write_text(tinymodels.CODE * 20)
