@@ -58,6 +58,8 @@ def register(subparsers) -> None:
     r.add_argument("--affinity", choices=["cooc", "cov"], help="estimate the RDK affinity M")
     r.add_argument("--affinity-topk", type=int, default=32, help="entries per row of M (default 32)")
     r.add_argument("--affinity-tau", type=float, default=0.1, help="cov: temperature relative to each row's max")
+    r.add_argument("--affinity-identity", default="auto", metavar="auto|W",
+                   help="shrink M toward the identity by W (auto: best held-out acceptance)")
     r.add_argument("--a-star", action="store_true", help="solve for the randomised-drafting probability a*")
     r.add_argument("--lambda", dest="lam", type=float, help="drafter/target step-time ratio (default: measured)")
     r.add_argument("--prior-temperature", type=float, default=1.0, help="temperature of p and q' for M and a*")
@@ -97,7 +99,7 @@ def run(args) -> int:
         max_raw_tokens=args.max_raw_tokens, prompts=args.prompts, split=args.split, max_tokens=args.max_tokens,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         chat={"auto": None, "on": True, "off": False}[args.chat], affinity=args.affinity,
-        affinity_topk=args.affinity_topk, affinity_tau=args.affinity_tau, a_star=args.a_star, lam=args.lam,
+        affinity_topk=args.affinity_topk, affinity_tau=args.affinity_tau, affinity_identity=args.affinity_identity, a_star=args.a_star, lam=args.lam,
         prior_alpha=args.prior_alpha, prior_temperature=args.prior_temperature, tf_positions=args.tf_positions,
         tf_max_len=args.tf_max_len, heldout=args.heldout, save_text=args.save_text, seed=args.seed, ep=args.ep,
         threads=args.threads, progress=not args.quiet, command=command_line(args))

@@ -137,6 +137,41 @@ def with_identity_fallback(data, indices, indptr, index_map: np.ndarray):
     return new_data, new_idx, new_indptr, int(fill.sum())
 
 
+IDENTITY_GRID = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0)
+
+
+def mix_identity(csr: tuple, index_map: np.ndarray, w: float, k: int) -> tuple:
+    """Shrink M toward the identity: row i -> (1 - w) M_i + w e_t(i), at most k entries per row (if t(i)
+    is not among a row's entries, its smallest entry makes room). w = 1 is M = I, i.e. RDK = TLI;
+    rows of columns without a target id are left as they are."""
+    if not 0.0 <= w <= 1.0:
+        raise CalibrationError(f"identity weight must be in [0, 1], got {w}")
+    data, indices, indptr = (np.asarray(a) for a in csr)
+    out_d, out_i, out_p = [], [], [0]
+    for r in range(indptr.size - 1):
+        cols, vals = indices[indptr[r]:indptr[r + 1]], data[indptr[r]:indptr[r + 1]].astype(np.float64)
+        t = int(index_map[r])
+        if t >= 0 and w > 0:
+            if w >= 1.0:
+                cols, vals = np.array([t]), np.array([1.0])
+            else:
+                if t not in cols and cols.size >= k:
+                    drop = int(np.argmin(vals))
+                    cols, vals = np.delete(cols, drop), np.delete(vals, drop)
+                vals = (1 - w) * vals / vals.sum() if vals.size else vals
+                if t in cols:
+                    vals[cols == t] += w
+                else:
+                    cols, vals = np.append(cols, t), np.append(vals, w)
+                order = np.argsort(cols)
+                cols, vals = cols[order], vals[order] / vals.sum()
+        out_d.append(vals)
+        out_i.append(cols)
+        out_p.append(out_p[-1] + cols.size)
+    return (np.concatenate(out_d) if out_d else np.zeros(0), np.concatenate(out_i).astype(np.int64) if out_i
+            else np.zeros(0, np.int64), np.asarray(out_p, dtype=np.int64))
+
+
 # --------------------------------------------------------------------------- estimators
 
 class CoocEstimator:
@@ -269,7 +304,7 @@ def acceptance_on(p_sparse: list[tuple[np.ndarray, np.ndarray]], q_cols: list[np
     tot = {"tli": 0.0, "rdk": 0.0, "rdk_taylor": 0.0}
     for (pi, pv), q in zip(p_sparse, q_cols):
         q_t = np.zeros(n_target)
-        q_t[index_map[has]] = q[has]
+        np.add.at(q_t, index_map[has], q[has])
         tot["tli"] += float(np.minimum(pv, q_t[pi]).sum())
         if m is not None:
             d = rdk_distribution(q.astype(np.float64), m)

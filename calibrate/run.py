@@ -48,6 +48,7 @@ class CalibrationConfig:
     affinity: str | None = None
     affinity_topk: int = 32
     affinity_tau: float = 0.1
+    affinity_identity: str | float = "auto"
     a_star: bool = False
     lam: float | None = None
     prior_alpha: float = 0.5
@@ -92,6 +93,13 @@ def check_config(cfg: CalibrationConfig) -> list[float]:
         raise CalibrationError("--save-text needs a generated source (target or drafter)")
     if cfg.affinity is not None and cfg.affinity not in ("cooc", "cov"):
         raise CalibrationError(f"unknown --affinity {cfg.affinity!r}; use cooc or cov")
+    if cfg.affinity_identity != "auto":
+        try:
+            w = float(cfg.affinity_identity)
+        except (TypeError, ValueError):
+            w = -1.0
+        if not 0.0 <= w <= 1.0:
+            raise CalibrationError(f"--affinity-identity must be 'auto' or a weight in [0, 1], got {cfg.affinity_identity}")
     if cfg.affinity_topk < 1:
         raise CalibrationError(f"--affinity-topk must be at least 1, got {cfg.affinity_topk}")
     if cfg.tf_positions < 1:

@@ -226,17 +226,24 @@ class PassStats:
     positions: int = 0
     skipped_sequences: int = 0
     heldout_positions: int = 0
+    blocks: int = 0
+
+
+BLOCK = 32
 
 
 def run_pass(sequences, target_fn, drafter_fn, index_map: np.ndarray, temperature: float, consumers: list,
-             max_positions: int, heldout=None, heldout_every: int = 5, progress: bool = True) -> PassStats:
-    """Feed aligned (p, q') rows to every consumer's `add(p, q_cols)`; every `heldout_every`-th
-    sequence goes to `heldout(p, q_cols)` instead of the consumers (if given)."""
+             max_positions: int, heldout=None, heldout_every: int = 5, every: list = (), progress: bool = True,
+             block_offset: int = 0) -> PassStats:
+    """Feed aligned (p, q') rows, in blocks of 32 positions, to each consumer's `add(p, q_cols)`.
+    With `heldout`, every `heldout_every`-th block goes to `heldout(p, q_cols)` instead of `consumers`;
+    consumers in `every` get all blocks. `block_offset` continues the block count of an earlier pass."""
     from tqdm import tqdm
 
     if not temperature > 0:
         raise CalibrationError(f"teacher-forced priors need a temperature > 0, got {temperature}")
     stats = PassStats()
+    block = block_offset
     bar = tqdm(total=max_positions, desc="teacher-forced positions", unit="pos", disable=not progress, leave=False,
                mininterval=1.0)
     try:
@@ -251,22 +258,23 @@ def run_pass(sequences, target_fn, drafter_fn, index_map: np.ndarray, temperatur
             q = tli_rows(drafter_fn(seq.drafter_ids, pairs[:, 1]), index_map, temperature)
             ok = q.sum(axis=1) > 0
             p, q = p[ok], q[ok]
-            to_heldout = heldout is not None and stats.sequences % heldout_every == heldout_every - 1
-            for start in range(0, p.shape[0], 32):       # bounded float64 temporaries downstream
-                ps, qs = p[start:start + 32], q[start:start + 32]
-                if to_heldout:
+            for start in range(0, p.shape[0], BLOCK):      # bounded float64 temporaries downstream
+                ps, qs = p[start:start + BLOCK], q[start:start + BLOCK]
+                for c in every:
+                    c.add(ps, qs)
+                if heldout is not None and block % heldout_every == heldout_every - 1:
                     heldout(ps, qs)
+                    stats.heldout_positions += int(ps.shape[0])
                 else:
                     for c in consumers:
                         c.add(ps, qs)
-            if to_heldout:
-                stats.heldout_positions += int(p.shape[0])
-            else:
-                stats.positions += int(p.shape[0])
+                    stats.positions += int(ps.shape[0])
+                block += 1
             stats.sequences += 1
             bar.update(int(p.shape[0]))
     finally:
         bar.close()
+    stats.blocks = block
     if stats.skipped_sequences:
         print(f"edgespec: warning: {stats.skipped_sequences} sequence(s) could not be aligned and were skipped",
               file=sys.stderr)

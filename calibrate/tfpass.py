@@ -16,6 +16,7 @@ from edgespec.calibrate.output import write_json
 from edgespec.errors import CalibrationError
 
 HELDOUT_TOP = 512
+DEFAULT_IDENTITY = 0.95       # identity weight when no held-out positions exist to choose one
 
 
 def _sequences(cfg, models, source: str, gens: list):
@@ -61,20 +62,21 @@ class _Heldout:
 def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights: list[float], priors_dir: Path,
                           prior: np.ndarray) -> dict:
     from edgespec.calibrate.astar import AStarAccumulator
-    from edgespec.calibrate.priors import acceptance_on, make_estimator, save_affinity
+    from edgespec.calibrate.priors import make_estimator, save_affinity
     from edgespec.calibrate.teacher import AStarFeed, run_pass
 
     kept_ids = np.asarray(kept_ids, dtype=np.int64)
     index_map = models.d2t[kept_ids]
-    consumers = []
+    consumers, every = [], []
     estimator = astar = None
     if cfg.affinity:
         estimator = make_estimator(cfg.affinity, index_map, models.v_t)
         consumers.append(estimator)
     if cfg.a_star:
         astar = AStarAccumulator()
-        consumers.append(AStarFeed(astar, index_map))
+        every.append(AStarFeed(astar, index_map))        # a* uses every position
     heldout = _Heldout() if estimator is not None else None
+    block = 0
     target_fn = models.target_logits()
     drafter_fn, drafter_desc = models.drafter_logits(kept_ids)
     totals = {"positions": 0, "heldout_positions": 0, "sequences": 0, "skipped_sequences": 0}
@@ -83,8 +85,9 @@ def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights
         if budget < 1:
             continue
         stats = run_pass(_sequences(cfg, models, source, gens.get(source) or []), target_fn, drafter_fn,
-                         index_map, cfg.prior_temperature, consumers, budget, heldout=heldout,
-                         progress=cfg.progress)
+                         index_map, cfg.prior_temperature, consumers, budget, heldout=heldout, every=every,
+                         progress=cfg.progress, block_offset=block)
+        block = stats.blocks
         for k in totals:
             totals[k] += getattr(stats, k)
     if totals["positions"] == 0:
@@ -96,13 +99,10 @@ def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights
     meta: dict = {}
     if estimator is not None:
         csr, info = estimator.build(cfg.affinity_topk, tau=cfg.affinity_tau)
-        shape = (int(kept_ids.size), int(models.v_t))
-        save_affinity(priors_dir / "affinity.npz", csr, shape)
+        csr, choice = _choose_identity_weight(cfg, csr, index_map, models.v_t, heldout, prior)
+        info.update(choice)
+        save_affinity(priors_dir / "affinity.npz", csr, (int(kept_ids.size), int(models.v_t)))
         info.update(common)
-        if heldout is not None and heldout.q:
-            with np.load(priors_dir / "affinity.npz", allow_pickle=False) as z:
-                stored = (z["data"].astype(np.float64), z["indices"], z["indptr"])
-            info["heldout_check"] = acceptance_on(heldout.p, heldout.q, index_map, models.v_t, stored, prior)
         write_json(priors_dir / "affinity.json", info)
         meta["affinity"] = {"file": "affinity.npz", **info}
     if astar is not None:
@@ -115,3 +115,33 @@ def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights
         write_json(priors_dir / "randomised.json", res)
         meta["randomised"] = {"file": "randomised.json", "a_star": res["a_star"], "lambda": res["lambda"]}
     return meta
+
+
+def _choose_identity_weight(cfg, csr, index_map, v_t: int, heldout, prior) -> tuple[tuple, dict]:
+    """Shrink M toward the identity (RDK -> TLI) by the weight with the best held-out acceptance
+    sum min(p, M^T q'); ties go to the larger weight. A fixed --affinity-identity W skips the search."""
+    from edgespec.calibrate.priors import IDENTITY_GRID, acceptance_on, mix_identity
+
+    k = cfg.affinity_topk
+    have = heldout is not None and len(heldout.q) > 0
+    base = acceptance_on(heldout.p, heldout.q, index_map, v_t, None, prior) if have else {}
+    if cfg.affinity_identity != "auto":
+        w = float(cfg.affinity_identity)
+        out = mix_identity(csr, index_map, w, k)
+        if have:
+            base["acceptance_rdk"] = acceptance_on(heldout.p, heldout.q, index_map, v_t, out)["acceptance_rdk"]
+        return out, {"identity_weight": w, "identity_weight_source": "given", "heldout_check": base}
+    if not have:
+        w = DEFAULT_IDENTITY
+        return mix_identity(csr, index_map, w, k), {"identity_weight": w, "identity_weight_source":
+                                                    "default (no held-out positions)", "heldout_check": base}
+    scores = {}
+    for w in IDENTITY_GRID:
+        scores[w] = acceptance_on(heldout.p, heldout.q, index_map, v_t, mix_identity(csr, index_map, w, k))[
+            "acceptance_rdk"]
+    best = max(IDENTITY_GRID, key=lambda w: (round(scores[w], 9), w))
+    base["acceptance_rdk"] = scores[best]
+    base["acceptance_rdk_by_identity_weight"] = {str(w): v for w, v in scores.items()}
+    return mix_identity(csr, index_map, best, k), {"identity_weight": best,
+                                                   "identity_weight_source": "best held-out acceptance",
+                                                   "heldout_check": base}

@@ -96,6 +96,7 @@ class SpeculativeDecoder:
         v, g = self.bundle.target.vocab_size, self.draft_length
         self.q_rows = np.zeros((g + 1, v), dtype=np.float64)   # draft distributions of one round
         self.p_rows = np.zeros((g + 1, v), dtype=np.float64)   # target distributions of one round
+        self.work = np.zeros((2, v), dtype=np.float64)         # residual + CDF scratch (verify, draws)
         self.last_result: GenerationResult | None = None
         self._last_generation: Generation | None = None
 
@@ -278,7 +279,7 @@ class Generation:
         if self.params.greedy:
             return int(np.argmax(logits_row))
         p = probabilities(logits_row[None, :], self.params, out=self.dec.p_rows[:1])
-        return sample(p[0], self.rng)
+        return sample(p[0], self.rng, self.dec.work[1])
 
     def draft_forward(self, ids: list[int]) -> np.ndarray:
         """Drafter forward on `ids`; returns the last row of kept-column logits and books the time."""
@@ -353,7 +354,7 @@ class Generation:
                 if a is not None and rng.random() >= a:
                     terminal = True
                     break
-                x = sample(q, rng)
+                x = sample(q, rng, dec.work[1])
             drafts.append(x)
             marks.append(len(ctx.ids))
             ctx.ids.extend(ctx.feed_ids(x))
@@ -365,7 +366,8 @@ class Generation:
             n_acc, t = verify_greedy(logits, d)
         else:
             p = probabilities(logits, params, out=dec.p_rows[:n + 1])
-            n_acc, t = verify_sampled(p, dec.q_rows[:n + terminal], d, rng, 1.0 if a is None else a, terminal)
+            n_acc, t = verify_sampled(p, dec.q_rows[:n + terminal], d, rng, 1.0 if a is None else a, terminal,
+                                      work=dec.work)
         self.target.crop(self.target.length - (n - n_acc))
         if ctx is not None:
             if n_acc < n:

@@ -117,7 +117,7 @@ def randomised_round(gen, gamma: int) -> list[int]:
             break
         row = gen.draft_forward(ctx.ids[gen.drafter.length:])
         q = strategy.distribution(state, row, params, dec.q_rows[j])
-        x = sample(q, rng)
+        x = sample(q, rng, dec.work[1])
         drafts.append(x)
         marks.append(len(ctx.ids))
         ctx.ids.extend(ctx.feed_ids(x))
@@ -138,7 +138,7 @@ def randomised_round(gen, gamma: int) -> list[int]:
         strategy.distribution(state, row, params, dec.q_rows[n])
     p = probabilities(logits, params, out=dec.p_rows[:n + 1])
     d = np.asarray(drafts, dtype=np.int64)
-    n_acc, t = verify_sampled(p, dec.q_rows[:n + no_draft], d, rng, a, no_draft)
+    n_acc, t = verify_sampled(p, dec.q_rows[:n + no_draft], d, rng, a, no_draft, work=dec.work)
     gen.target.crop(gen.target.length - (n - n_acc))
     if n_acc < n:
         del ctx.ids[marks[n_acc]:]

@@ -36,7 +36,11 @@ def accept_probability(p_at: np.ndarray, q_at: np.ndarray, a: float = 1.0) -> np
 def residual(p_row: np.ndarray, q_row: np.ndarray, a: float = 1.0, out: np.ndarray | None = None) -> np.ndarray:
     """norm(max(p - a q, 0)); falls back to p when the residual mass is 0 (then rejection had probability 0
     and this is only reached through float rounding)."""
-    out = np.subtract(p_row, a * q_row if a != 1.0 else q_row, out=out)
+    if a != 1.0:
+        out = np.multiply(q_row, -a, out=out)
+        out += p_row
+    else:
+        out = np.subtract(p_row, q_row, out=out)
     np.maximum(out, 0.0, out=out)
     mass = out.sum()
     if not mass > 0.0:
@@ -47,11 +51,13 @@ def residual(p_row: np.ndarray, q_row: np.ndarray, a: float = 1.0, out: np.ndarr
 
 
 def verify_sampled(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, rng, a: float = 1.0,
-                   terminal_nodraft: bool = False) -> tuple[int, int]:
+                   terminal_nodraft: bool = False, work: np.ndarray | None = None) -> tuple[int, int]:
     """(number of accepted drafts, the token emitted after them).
 
     p: [n+1, V] target probabilities; q: [n, V] (or [n+1, V] with terminal_nodraft) draft probabilities;
-    drafts: int [n]; rng: a np.random.Generator (its `random` is the only method used)."""
+    drafts: int [n]; rng: a np.random.Generator (its `random` is the only method used);
+    work: optional float64 [2, V] scratch space (residual and CDF), so nothing vocab-sized is allocated."""
+    res_buf, cdf_buf = (None, None) if work is None else (work[0], work[1])
     n = int(len(drafts))
     if n:
         rows = np.arange(n)
@@ -62,8 +68,8 @@ def verify_sampled(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, rng, a: flo
     else:
         n_acc = 0
     if n_acc < n or terminal_nodraft:
-        return n_acc, sample(residual(p[n_acc], q[n_acc], a), rng)
-    return n_acc, sample(p[n], rng)
+        return n_acc, sample(residual(p[n_acc], q[n_acc], a, out=res_buf), rng, cdf_buf)
+    return n_acc, sample(p[n], rng, cdf_buf)
 
 
 def verify_greedy(target_logits: np.ndarray, drafts: np.ndarray) -> tuple[int, int]:

@@ -104,7 +104,7 @@ def test_heterogeneous_pair_maps_counts_and_aligns_positions(tmp_path, tiny_hete
     data.write_text((tinymodels.ENGLISH + tinymodels.CODE) * 3)
     rc, _ = _run("--bundle", tiny_hetero_bundle, "--source", "target", "raw", "--data", data,
                  "--prompts", "humaneval", "--max-tokens", 60, "--max-new-tokens", 30, "--coverage", 0.9,
-                 "--affinity", "cov", "--tf-positions", 80, "--out", out)
+                 "--affinity", "cov", "--tf-positions", 400, "--out", out)
     assert rc == 0
     doc = json.loads(out.read_text())
     mapped = doc["provenance"]["sources"]["target"]["mapped"]
@@ -115,6 +115,12 @@ def test_heterogeneous_pair_maps_counts_and_aligns_positions(tmp_path, tiny_hete
     assert m.shape == (len(doc["kept_ids"]), man["target"]["vocab_size"])
     info = json.loads((_outputs(out)["priors"] / "affinity.json").read_text())
     assert info["positions"] > 20 and info["estimator"] == "cov"
+    check = info["heldout_check"]
+    assert check["positions"] > 0 and 0 < check["acceptance_tli"] <= 1
+    assert set(check["acceptance_rdk_by_identity_weight"]) == {"0.0", "0.5", "0.8", "0.9", "0.95", "0.98", "1.0"}
+    assert check["acceptance_rdk"] == max(check["acceptance_rdk_by_identity_weight"].values())
+    assert info["identity_weight"] in (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0)
+    assert check["acceptance_rdk_by_identity_weight"]["1.0"] == pytest.approx(check["acceptance_tli"])  # M = I is TLI
 
 
 def test_export_carries_the_priors_into_the_bundle(tmp_path, tiny_models, tiny_export_cache):

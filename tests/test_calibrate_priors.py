@@ -151,3 +151,26 @@ def test_unknown_estimator_and_bad_tau():
     est.add(np.full((1, 5), 0.2, dtype=np.float32))
     with pytest.raises(CalibrationError, match="tau"):
         est.build(2, tau=0.0)
+
+
+def test_identity_shrinkage_keeps_rows_stochastic_and_sparse():
+    index_map = np.array([3, 5, -1, 7])
+    data = np.array([0.6, 0.4, 0.5, 0.3, 0.2, 1.0, 0.7, 0.3])
+    indices = np.array([3, 4, 0, 1, 2, 9, 1, 2])
+    indptr = np.array([0, 2, 5, 6, 8])
+    csr = (data, indices, indptr)
+    same = pr.mix_identity(csr, index_map, 0.0, 3)
+    for a, b in zip(same, csr):
+        np.testing.assert_allclose(a, b)
+    ident = _rows_of(pr.mix_identity(csr, index_map, 1.0, 3), 4)
+    assert [r[0].tolist() for r in ident] == [[3], [5], [9], [7]]
+    rows = _rows_of(pr.mix_identity(csr, index_map, 0.9, 3), 4)
+    for i, (cols, vals) in enumerate(rows):
+        assert vals.sum() == pytest.approx(1.0) and cols.size <= 3 and np.all(np.diff(cols) > 0)
+        if index_map[i] >= 0:
+            assert vals[cols == index_map[i]][0] >= 0.9
+    assert rows[0][0].tolist() == [3, 4] and rows[0][1].tolist() == pytest.approx([0.96, 0.04])
+    assert rows[1][0].tolist() == [0, 1, 5]           # the smallest entry (col 2) made room for t(1) = 5
+    assert rows[2][0].tolist() == [9]                  # no target id: untouched
+    with pytest.raises(CalibrationError, match="identity weight"):
+        pr.mix_identity(csr, index_map, 1.5, 3)

@@ -32,7 +32,7 @@ def test_tli_samples_the_target_distribution(request, which, params):
     assert min(pvals.values()) > ALPHA, pvals
 
 
-def _verify_without_residual(p, q, drafts, rng, a=1.0, terminal_nodraft=False):
+def _verify_without_residual(p, q, drafts, rng, a=1.0, terminal_nodraft=False, work=None):
     """A deliberately broken verifier: on rejection it resamples from p instead of norm(max(p - q, 0))."""
     n = len(drafts)
     rows = np.arange(n)

@@ -107,3 +107,25 @@ def test_strategy_registry():
         assert custom.greedy(state, np.zeros(2, dtype=np.float32)) in (0, 2)    # default greedy = argmax of q
     finally:
         S.STRATEGIES.pop("test-uniform")
+
+
+def test_two_level_sampler_is_the_full_inverse_cdf():
+    """Vectors longer than 4 blocks use block sums + a cumsum inside one block: the same index as a
+    full inverse CDF, never a zero-probability token, also at block boundaries."""
+    rng = np.random.default_rng(0)
+    v = 5000
+    p = rng.random(v) ** 8
+    p[512:1024] = 0.0                      # an empty block
+    p[rng.integers(0, v, 800)] = 0.0
+    p /= p.sum()
+    csum = np.cumsum(p)
+    us = list(rng.random(300)) + [csum[b * 512 - 1] for b in range(1, 9)] + [0.0, np.nextafter(1.0, 0)]
+    work = np.empty(v)
+    for u in us:
+        got = sample(p, ScriptedRNG([u]), work)
+        assert p[got] > 0
+        x = u * csum[-1]
+        ref = int(np.searchsorted(csum, x, side="right"))
+        near_edge = min(abs(x - csum[max(ref - 1, 0)]), abs(x - csum[min(ref, v - 1)])) < 1e-12
+        if ref < v and not near_edge:      # on an edge, float rounding may pick either neighbour
+            assert got == ref, (u, got, ref)
