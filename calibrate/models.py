@@ -91,19 +91,39 @@ class Models:
                                  role="drafter"), "bundle drafter graph"
         return TorchLogits(self.hf_dir("drafter"), cols=kept_ids), "torch drafter"
 
-    def measure_lambda(self, n_steps: int = 12) -> tuple[float, str]:
+    def measure_lambda(self, n_steps: int = 24) -> tuple[float, str]:
         """Drafter/target decode-step time ratio: the bundle's graphs (pruned drafter) on the chosen EP,
-        else the torch models (full drafter head): median single-token step after a 32-token prefill."""
+        else the torch models (full drafter head). Single-token steps after a 32-token prefill,
+        drafter and target interleaved so that machine load hits both alike; ratio of the medians."""
         from edgespec.calibrate.teacher import OrtLogits, TorchLogits
 
-        if self.bundle is not None:
-            t = self.target_logits().inner
-            d = OrtLogits(self.bundle.drafter.onnx, ep=self.ep, threads=self.threads, role="drafter")
-            return _step_ms(d.runner.forward, d.runner.reset, n_steps) / _step_ms(t.runner.forward, t.runner.reset,
-                                                                                 n_steps), f"onnx {self.ep}"
         t = self.target_logits().inner
-        d = TorchLogits(self.hf_dir("drafter"))
-        return _torch_step(d, n_steps) / _torch_step(t, n_steps), "torch cpu (full drafter head)"
+        if self.bundle is not None:
+            d = OrtLogits(self.bundle.drafter.onnx, ep=self.ep, threads=self.threads, role="drafter")
+            steps = [(d.runner.forward, d.runner.reset), (t.runner.forward, t.runner.reset)]
+            where = f"onnx {self.ep}"
+        else:
+            d = TorchLogits(self.hf_dir("drafter"))
+            steps = [(d._forward, lambda: setattr(d, "past", None)), (t._forward, lambda: setattr(t, "past", None))]
+            where = "torch cpu (full drafter head)"
+        d_ms, t_ms = _interleaved_step_ms(steps, n_steps)
+        return d_ms / t_ms, where
+
+
+def _interleaved_step_ms(steps, n_steps: int) -> list[float]:
+    """Median ms of a 1-token decode step for each (forward, reset), measured alternately."""
+    import time
+
+    for forward, reset in steps:
+        reset()
+        forward(np.arange(1, 33, dtype=np.int64))
+    times: list[list[float]] = [[] for _ in steps]
+    for i in range(n_steps):
+        for j, (forward, _) in enumerate(steps):
+            t0 = time.perf_counter()
+            forward(np.array([100 + i], dtype=np.int64))
+            times[j].append(time.perf_counter() - t0)
+    return [statistics.median(ts[2:]) * 1e3 for ts in times]
 
 
 class _Memo:
@@ -129,26 +149,6 @@ class _ColumnsOf:
 
     def __call__(self, ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return self.fn(ids, rows)[:, self.cols]
-
-
-def _step_ms(forward, reset, n_steps: int) -> float:
-    import time
-
-    reset()
-    forward(np.arange(1, 33, dtype=np.int64))
-    times = []
-    for i in range(n_steps):
-        t0 = time.perf_counter()
-        forward(np.array([100 + i], dtype=np.int64))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[2:]) * 1e3
-
-
-def _torch_step(logits_fn, n_steps: int) -> float:
-    def reset():
-        logits_fn.past = None
-
-    return _step_ms(logits_fn._forward, reset, n_steps)
 
 
 def _config_vocab(hf_dir: Path, tok) -> int:

@@ -97,7 +97,11 @@ class AtomicOutput:
         if curve_doc is not None:
             write_json(self.tmp / "coverage.json", curve_doc)
             if plot is not None:
-                plot(curve_doc, self.tmp / "coverage.png")
+                try:
+                    plot(curve_doc, self.tmp / "coverage.png")
+                except ImportError:
+                    print("edgespec: warning: matplotlib is not installed; no coverage PNG "
+                          "(pip install 'edgespec[calibrate]')", file=sys.stderr)
         write_json(self.tmp / "vocab.json", vocab_doc)
         final = self.paths["priors"]
         old = final.with_name(final.name + f".old-{os.getpid()}")

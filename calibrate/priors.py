@@ -137,7 +137,7 @@ def with_identity_fallback(data, indices, indptr, index_map: np.ndarray):
     return new_data, new_idx, new_indptr, int(fill.sum())
 
 
-IDENTITY_GRID = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0)
+IDENTITY_GRID = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0)
 
 
 def mix_identity(csr: tuple, index_map: np.ndarray, w: float, k: int) -> tuple:

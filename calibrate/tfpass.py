@@ -94,7 +94,8 @@ def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights
         raise CalibrationError("teacher-forced pass: no usable positions (empty calibration text, or no aligned "
                                f"token boundaries between the two tokenizers; {totals['skipped_sequences']} "
                                "sequence(s) skipped)")
-    common = {"temperature": cfg.prior_temperature, "drafter_logits": drafter_desc, **totals,
+    common = {"temperature": cfg.prior_temperature, "drafter_logits": drafter_desc,
+              "sequences": totals["sequences"], "skipped_sequences": totals["skipped_sequences"],
               "tf_max_len": cfg.tf_max_len, "sources": dict(zip(cfg.sources, weights))}
     meta: dict = {}
     if estimator is not None:
@@ -102,7 +103,7 @@ def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights
         csr, choice = _choose_identity_weight(cfg, csr, index_map, models.v_t, heldout, prior)
         info.update(choice)
         save_affinity(priors_dir / "affinity.npz", csr, (int(kept_ids.size), int(models.v_t)))
-        info.update(common)
+        info.update(common, positions=totals["positions"], heldout_positions=totals["heldout_positions"])
         write_json(priors_dir / "affinity.json", info)
         meta["affinity"] = {"file": "affinity.npz", **info}
     if astar is not None:
@@ -111,7 +112,7 @@ def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights
         else:
             lam, lam_src = models.measure_lambda()
         res = astar.solve(lam)
-        res.update({"lambda_source": lam_src, **common})
+        res.update({"lambda_source": lam_src, **common})      # res["positions"]: all positions (a* holds none out)
         write_json(priors_dir / "randomised.json", res)
         meta["randomised"] = {"file": "randomised.json", "a_star": res["a_star"], "lambda": res["lambda"]}
     return meta

@@ -62,23 +62,75 @@ def held_out_ids(tokenizer_json: Path, n_tokens: int = DEFAULT_TOKENS, segment: 
     return seqs
 
 
-def _session(path: Path, threads: int):
-    from edgespec.export.onnx_export import ort_session
+def _session(path: Path, threads: int, prepack: bool = False):
+    """The float reference runs without prepacking (memory: fp32 weights held once); a quantized graph
+    runs as the runtime runs it, prepacked: MatMulNBits picks its kernels (accuracy_level) at prepack."""
+    if not prepack:
+        from edgespec.export.onnx_export import ort_session
 
-    return ort_session(Path(path), threads=threads)
+        return ort_session(Path(path), threads=threads)
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
 
 
 def _prefill_logits(sess, ids: np.ndarray) -> np.ndarray:
     """Logits [s, V] of one prefill over `ids` with an empty KV cache."""
+    return _chunked_logits(sess, [ids])
+
+
+def _chunked_logits(sess, chunks: list[np.ndarray]) -> np.ndarray:
+    """Logits [sum of lengths, V]: the chunks fed one forward each, through the KV cache."""
     inputs = {i.name: i for i in sess.get_inputs()}
-    s = ids.size
-    feed = {"input_ids": ids[None, :], "attention_mask": np.ones((1, s), np.int64)}
-    if "position_ids" in inputs:
-        feed["position_ids"] = np.arange(s, dtype=np.int64)[None, :]
-    for name, i in inputs.items():
-        if name.startswith("past_key_values."):
-            feed[name] = np.zeros((1, int(i.shape[1]), 0, int(i.shape[3])), np.float32)
-    return sess.run(["logits"], feed)[0][0]
+    outs = [o.name for o in sess.get_outputs() if o.name == "logits" or o.name.startswith("present.")]
+    past = {n: np.zeros((1, int(i.shape[1]), 0, int(i.shape[3])), np.float32)
+            for n, i in inputs.items() if n.startswith("past_key_values.")}
+    pos, logits = 0, []
+    for c in chunks:
+        s = c.size
+        feed = {"input_ids": c[None, :], "attention_mask": np.ones((1, pos + s), np.int64), **past}
+        if "position_ids" in inputs:
+            feed["position_ids"] = np.arange(pos, pos + s, dtype=np.int64)[None, :]
+        res = dict(zip(outs, sess.run(outs, feed)))
+        logits.append(res["logits"][0])
+        past = {n.replace("present.", "past_key_values."): v for n, v in res.items() if n != "logits"}
+        pos += s
+    return np.concatenate(logits)
+
+
+BATCH_TOL = 2e-3     # fp32 graphs differ by ~1e-4 between 1-token and k-token forwards here
+
+
+def batch_invariance(onnx_path: Path, ids: np.ndarray, threads: int = 1, prefix: int = 16, tail: int = 12) -> dict:
+    """Does a position's logits depend on how many tokens its forward carries? (Speculative decoding
+    is exact only if a k-token verify computes what k 1-token steps would.) Runs the graph prepacked,
+    as the runtime does: `tail` tokens after a `prefix`-token prefill, fed 1, 2, 3 and 12 at a time.
+
+    min_forward_tokens: 1 if every width agrees; 2 if 1-token forwards differ but all widths >= 2
+    agree (MatMulNBits with accuracy_level 4 on x86 takes an int8 GEMV path for M = 1 only); None if
+    widths >= 2 disagree too (no exact speculative decoding on this graph)."""
+    if ids.size < prefix + tail:
+        raise ExportError(f"batch-invariance check needs {prefix + tail} tokens, got {ids.size}")
+    head, rest = ids[:prefix], ids[prefix:prefix + tail]
+    sess = _session(onnx_path, threads, prepack=True)
+
+    def width(k: int) -> np.ndarray:
+        return _chunked_logits(sess, [head] + [rest[i:i + k] for i in range(0, tail, k)])[prefix:]
+
+    w1, w2, w3, wall = width(1), width(2), width(3), width(tail)
+    del sess
+    gc.collect()
+    d1 = float(np.abs(w1 - w2).max())
+    d2 = float(max(np.abs(w2 - w3).max(), np.abs(w2 - wall).max()))
+    minimum = 1 if max(d1, d2) <= BATCH_TOL else (2 if d2 <= BATCH_TOL else None)
+    return {"one_vs_two_max_abs_diff": d1, "two_vs_wider_max_abs_diff": d2, "tolerance": BATCH_TOL,
+            "min_forward_tokens": minimum}
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -96,7 +148,7 @@ def compare(reference_onnx: Path, quantized_onnx: Path, seqs: list[np.ndarray], 
     ref = [_softmax(_prefill_logits(sess, s)).astype(np.float32) for s in seqs]
     del sess
     gc.collect()
-    sess = _session(quantized_onnx, threads)
+    sess = _session(quantized_onnx, threads, prepack=True)
     agree = overlap = n = 0.0
     for s, p in zip(seqs, ref):
         q = _softmax(_prefill_logits(sess, s))

@@ -15,6 +15,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from edgespec.errors import ExportError
 from edgespec.export import quantize as q
 
@@ -108,6 +110,8 @@ def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens
                                                       f"{res['threshold']}"
             _log(progress, f"quantized {side}: top-1 agreement {res['top1_agreement']:.3f}, "
                            f"mean overlap {res['mean_overlap']:.3f}{level}")
+        if side == "target":
+            record["batch_invariance"] = check_batch_invariance(work / "model.onnx", sub / "tokenizer.json", progress)
         _replace_graph(sub, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -115,9 +119,39 @@ def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens
     record.update({"bytes_per_forward_fp32": before["bytes_per_forward"],
                    "initializer_bytes": after["initializer_bytes"]})
     update = {"quantization": record, "bytes_per_forward": after["bytes_per_forward"], "graph_params": after["params"]}
+    if side == "target":
+        update["min_forward_tokens"] = record["batch_invariance"]["min_forward_tokens"]
     if side == "drafter":
         update["params_pruned"] = after["params"]
     return update
+
+
+MIN_TOKENS_KEY = "edgespec.min_forward_tokens"
+
+
+def check_batch_invariance(onnx_path: Path, tokenizer_json: Path, progress: bool) -> dict:
+    """Refuse a quantized target whose logits depend on the forward's width beyond 1 token; when only
+    1-token forwards differ, record in the graph's metadata that forwards must carry >= 2 tokens
+    (runtime/kv.py's ModelRunner pads a 1-token forward with a dummy token it then drops)."""
+    from edgespec.export.quality import batch_invariance, held_out_ids
+
+    ids = np.concatenate(held_out_ids(tokenizer_json, n_tokens=64, segment=64))
+    res = batch_invariance(onnx_path, ids)
+    if res["min_forward_tokens"] is None:
+        raise ExportError(f"the quantized target's logits change with the number of tokens per forward "
+                          f"(max |diff| {res['two_vs_wider_max_abs_diff']:.3g} between 2- and wider forwards): "
+                          "speculative decoding would not be exact; use --accuracy-level 1")
+    if res["min_forward_tokens"] > 1:
+        import onnx
+
+        _log(progress, f"1-token forwards of the quantized target differ by {res['one_vs_two_max_abs_diff']:.2g} from "
+                       "wider ones (int8 GEMV path): the bundle asks the runtime for >= 2 tokens per forward")
+        model = onnx.load(str(onnx_path), load_external_data=False)
+        for p in [p for p in model.metadata_props if p.key == MIN_TOKENS_KEY]:
+            model.metadata_props.remove(p)
+        model.metadata_props.add(key=MIN_TOKENS_KEY, value=str(res["min_forward_tokens"]))
+        onnx.save_model(model, str(onnx_path))
+    return res
 
 
 def _replace_graph(sub: Path, work: Path) -> None:

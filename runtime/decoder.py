@@ -103,7 +103,7 @@ class SpeculativeDecoder:
     def variant(self, strategy: str | None = None, draft_length: int | None = None,
                 draft_probability: float | str | None = None, **strategy_options) -> "SpeculativeDecoder":
         """Another strategy / draft length on the SAME sessions, KV runners and token tables (no new
-        session, no extra memory). Generations of a decoder and its variants must not interleave: a
+        session; only the per-round scratch arrays are new). Generations of a decoder and its variants must not interleave: a
         newer call supersedes an unfinished stream of any of them."""
         new = copy.copy(self)
         strat = get_strategy(strategy) if strategy is not None else self.strategy

@@ -14,7 +14,8 @@ distribution that may put mass on target tokens the pruned drafter head cannot p
 Both outputs are proper distributions over target ids; the verify step (standard rejection sampling)
 uses them as q, so decoding stays lossless whatever p or M are.
 
-NumPy only (no scipy.sparse in the runtime): M^T q' is a gather + multiply + `np.bincount`.
+N = |T| is the target's logit width V_t (every target id is in T). NumPy only (no scipy.sparse in
+the runtime): M^T q' is a row gather, a multiply and a bincount / scatter-add over the rows used.
 """
 from __future__ import annotations
 

@@ -117,9 +117,9 @@ def test_heterogeneous_pair_maps_counts_and_aligns_positions(tmp_path, tiny_hete
     assert info["positions"] > 20 and info["estimator"] == "cov"
     check = info["heldout_check"]
     assert check["positions"] > 0 and 0 < check["acceptance_tli"] <= 1
-    assert set(check["acceptance_rdk_by_identity_weight"]) == {"0.0", "0.5", "0.8", "0.9", "0.95", "0.98", "1.0"}
+    assert set(check["acceptance_rdk_by_identity_weight"]) == {"0.0", "0.5", "0.8", "0.9", "0.95", "0.98", "0.99", "1.0"}
     assert check["acceptance_rdk"] == max(check["acceptance_rdk_by_identity_weight"].values())
-    assert info["identity_weight"] in (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0)
+    assert info["identity_weight"] in (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0)
     assert check["acceptance_rdk_by_identity_weight"]["1.0"] == pytest.approx(check["acceptance_tli"])  # M = I is TLI
 
 
@@ -215,3 +215,31 @@ def test_vocab_for_another_tokenizer_is_refused_by_export(tmp_path, tiny_models,
     with pytest.raises(ExportError, match="another tokenizer"):
         export_bundle(str(a), str(tiny_models["tiny-bl-b"]), tmp_path / "b", vocab=out, progress=False,
                       cache=tiny_export_cache)
+
+
+@pytest.mark.parametrize("engine", ["bundle", "torch"])
+def test_lambda_is_measured_when_not_given(tmp_path, tiny_models, tiny_self_bundle, engine):
+    a = tiny_models["tiny-bl-a"]
+    models = ["--bundle", tiny_self_bundle] if engine == "bundle" else ["--target", a, "--drafter", a]
+    out = tmp_path / "v.json"
+    rc, _ = _run(*models, "--source", "raw", "--data", RAW, "--keep", 300, "--a-star", "--tf-positions", 32,
+                 "--out", out)
+    assert rc == 0
+    rnd = json.loads((tmp_path / "v.priors" / "randomised.json").read_text())
+    assert 0.05 < rnd["lambda"] < 5 and rnd["lambda_source"] == ("onnx cpu" if engine == "bundle"
+                                                                  else "torch cpu (full drafter head)")
+    assert rnd["positions"] == 32 and not (tmp_path / "v.priors" / "affinity.npz").exists()
+
+
+def test_a_bundle_serves_the_self_pair_without_torch(tmp_path, tiny_self_bundle):
+    import subprocess
+    import sys
+
+    code = ("import sys; from edgespec.cli import main; "
+            f"rc = main(['calibrate', '--quiet', '--bundle', {str(tiny_self_bundle)!r}, '--source', 'target', 'drafter', "
+            f"'--prompts', 'humaneval', '--max-tokens', '30', '--keep', '300', '--affinity', 'cooc', '--a-star', "
+            f"'--tf-positions', '32', '--out', {str(tmp_path / 'v.json')!r}]); "
+            "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert res.stdout.strip().splitlines()[-1] == "0 False False", res.stderr[-2000:]
