@@ -47,10 +47,15 @@ def register(subparsers) -> None:
     s.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
                    help="wrap prompts in the chat template (auto: when the model has one)")
     s.add_argument("--save-text", type=Path, help="write the generated texts (jsonl) here, e.g. for --heldout")
-    k = p.add_argument_group("kept vocabulary (one policy)").add_mutually_exclusive_group(required=True)
+    s.add_argument("--generated", nargs="+", default=[], metavar="FILE",
+                   help="reuse --save-text files for the target/drafter sources instead of generating "
+                        "(all their records; --max-tokens does not apply)")
+    k = p.add_argument_group("kept vocabulary (one policy, or --vocab)").add_mutually_exclusive_group(required=True)
     k.add_argument("--keep", type=int, metavar="K", help="top-K by count (+ special tokens)")
     k.add_argument("--coverage", type=float, metavar="P", help="smallest set covering fraction P of the counts")
     k.add_argument("--min-count", type=float, metavar="C", help="every token counted at least C times")
+    k.add_argument("--vocab", type=Path, metavar="VOCAB.json",
+                   help="reuse this kept set (same drafter tokenizer) and compute priors for it")
     p.add_argument("--heldout", nargs="+", default=[], metavar="PATH_OR_GLOB",
                    help="held-out text (or a --save-text jsonl) to report coverage on")
     r = p.add_argument_group("priors")
@@ -91,8 +96,8 @@ def command_line(args) -> str:
 def run(args) -> int:
     from edgespec.calibrate.run import CalibrationConfig, calibrate
 
-    policy, value = next((name, v) for name, v in (("keep", args.keep), ("coverage", args.coverage),
-                                                    ("min-count", args.min_count)) if v is not None)
+    policy, value = next(((name, v) for name, v in (("keep", args.keep), ("coverage", args.coverage),
+                                                     ("min-count", args.min_count)) if v is not None), (None, None))
     cfg = CalibrationConfig(
         out=args.out, sources=args.source, policy=policy, value=value, pair=args.pair, target=args.target,
         drafter=args.drafter, bundle=args.bundle, mix=args.mix, data=args.data, jsonl_field=args.jsonl_field,
@@ -101,8 +106,9 @@ def run(args) -> int:
         chat={"auto": None, "on": True, "off": False}[args.chat], affinity=args.affinity,
         affinity_topk=args.affinity_topk, affinity_tau=args.affinity_tau, affinity_identity=args.affinity_identity, a_star=args.a_star, lam=args.lam,
         prior_alpha=args.prior_alpha, prior_temperature=args.prior_temperature, tf_positions=args.tf_positions,
-        tf_max_len=args.tf_max_len, heldout=args.heldout, save_text=args.save_text, seed=args.seed, ep=args.ep,
-        threads=args.threads, progress=not args.quiet, command=command_line(args))
+        tf_max_len=args.tf_max_len, heldout=args.heldout, generated=args.generated, save_text=args.save_text,
+        seed=args.seed, ep=args.ep,
+        threads=args.threads, progress=not args.quiet, vocab=args.vocab, command=command_line(args))
     doc = calibrate(cfg)
     prov = doc["provenance"]
     line = f"kept {len(doc['kept_ids'])} tokens, coverage {prov['coverage']:.4f}"

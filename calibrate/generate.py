@@ -182,3 +182,44 @@ def generate_corpus(generator, prompts, max_tokens: int, max_new_tokens: int = 2
     if sum(g.ids.size for g in out) == 0:
         raise CalibrationError("the model generated no tokens for any prompt")
     return out
+
+
+def save_generations(path: Path, gens: dict, hashes: dict) -> None:
+    """Generations as jsonl, one record per prompt: source, id, prompt_text, prompt_ids, text, token_ids,
+    vocab_hash (of the generating model's tokenizer). `--generated` reads them back."""
+    import json
+
+    with open(path, "w", encoding="utf-8") as f:
+        for source, items in gens.items():
+            for g in items:
+                f.write(json.dumps({"source": source, "id": g.prompt_id, "prompt_text": g.prompt_text,
+                                    "prompt_ids": g.prompt_ids.tolist(), "text": g.text, "token_ids": g.ids.tolist(),
+                                    "vocab_hash": hashes[source]}, ensure_ascii=False) + "\n")
+
+
+def load_generations(paths: list[Path], source: str, vocab_hash: str) -> list[Generation]:
+    """The `source` ("target"/"drafter") records of saved generation files; refuses records made with
+    another tokenizer."""
+    import json
+
+    out: list[Generation] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    if rec.get("source") != source:
+                        continue
+                    g = Generation(str(rec["id"]), rec["prompt_text"], np.asarray(rec["prompt_ids"], dtype=np.int64),
+                                   np.asarray(rec["token_ids"], dtype=np.int64), rec["text"])
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    raise CalibrationError(f"{path}:{lineno}: not a generation record (write them with --save-text)") \
+                        from None
+                if rec.get("vocab_hash") != vocab_hash:
+                    raise CalibrationError(f"{path}:{lineno}: generated with another {source} tokenizer")
+                out.append(g)
+    if not out or sum(g.ids.size for g in out) == 0:
+        raise CalibrationError(f"--generated: no {source} generations in {', '.join(map(str, paths))}")
+    return out

@@ -28,8 +28,8 @@ SOURCES = ("raw", "target", "drafter")
 class CalibrationConfig:
     out: Path
     sources: list[str]
-    policy: str                        # keep | coverage | min-count
-    value: float
+    policy: str | None                 # keep | coverage | min-count; None with `vocab`
+    value: float | None
     pair: str | None = None
     target: str | None = None
     drafter: str | None = None
@@ -56,12 +56,14 @@ class CalibrationConfig:
     tf_positions: int = 2048
     tf_max_len: int = 512
     heldout: list[str] = field(default_factory=list)
+    generated: list[str] = field(default_factory=list)   # reuse --save-text files instead of generating
     save_text: Path | None = None
     seed: int = 0
     ep: str = "cpu"
     threads: int | None = 1
     progress: bool = True
-    command: str = ""
+    vocab: Path | None = None          # reuse this kept set (priors-only) instead of choosing one
+    command: str = "(python API: edgespec.calibrate.calibrate)"
 
 
 def _log(cfg: CalibrationConfig, msg: str) -> None:
@@ -85,10 +87,12 @@ def check_config(cfg: CalibrationConfig) -> list[float]:
         raise CalibrationError("--mix weights must be non-negative and not all zero")
     if "raw" in cfg.sources and not cfg.data:
         raise CalibrationError("--source raw needs --data PATH_OR_GLOB")
-    if {"target", "drafter"} & set(cfg.sources) and not cfg.prompts:
-        raise CalibrationError("--source target/drafter needs --prompts humaneval|FILE.jsonl")
+    if {"target", "drafter"} & set(cfg.sources) and not (cfg.prompts or cfg.generated):
+        raise CalibrationError("--source target/drafter needs --prompts humaneval|FILE.jsonl (or --generated FILE)")
     if cfg.save_text is not None and not Path(cfg.save_text).expanduser().parent.is_dir():
         raise CalibrationError(f"--save-text {cfg.save_text}: the directory does not exist")
+    if cfg.save_text is not None and cfg.generated:
+        raise CalibrationError("--save-text with --generated: those generations are saved already")
     if cfg.save_text is not None and not {"target", "drafter"} & set(cfg.sources):
         raise CalibrationError("--save-text needs a generated source (target or drafter)")
     if cfg.affinity is not None and cfg.affinity not in ("cooc", "cov"):
@@ -104,6 +108,10 @@ def check_config(cfg: CalibrationConfig) -> list[float]:
         raise CalibrationError(f"--affinity-topk must be at least 1, got {cfg.affinity_topk}")
     if cfg.tf_positions < 1:
         raise CalibrationError(f"--tf-positions must be at least 1, got {cfg.tf_positions}")
+    if (cfg.policy is None) == (cfg.vocab is None):
+        raise CalibrationError("give one of --keep K, --coverage P, --min-count C, or --vocab VOCAB.json")
+    if cfg.vocab is not None and Path(cfg.vocab).resolve() == Path(cfg.out).resolve():
+        raise CalibrationError("--vocab and --out must differ")
     if cfg.policy == "coverage" and not 0 < cfg.value <= 1:
         raise CalibrationError(f"--coverage must be in (0, 1], got {cfg.value}")
     if cfg.policy == "keep" and cfg.value < 1:
@@ -129,7 +137,10 @@ def calibrate(cfg: CalibrationConfig) -> dict:
             per_source[name], gens[name] = _count_source(cfg, models, name)
         d_counts = _combine([per_source[s]["drafter"] for s in cfg.sources], weights)
         t_counts = _combine([per_source[s]["target"] for s in cfg.sources], weights)
-        selection = sel.select(d_counts, cfg.policy, cfg.value, models.always_kept)
+        if cfg.vocab is not None:
+            selection = sel.reuse(sel.read_vocab(cfg.vocab, models.d_tok), d_counts, models.v_d)
+        else:
+            selection = sel.select(d_counts, cfg.policy, cfg.value, models.always_kept)
         _log(cfg, f"kept {selection.kept_ids.size} of {models.v_d} drafter tokens; coverage "
                   f"{selection.coverage:.4f} of the counted mass")
         curve = _curve(cfg, models, d_counts, selection, "+".join(cfg.sources))
@@ -142,7 +153,9 @@ def calibrate(cfg: CalibrationConfig) -> dict:
 
             priors_meta.update(teacher_forced_priors(cfg, models, selection.kept_ids, gens, weights, out.priors, prior))
         if cfg.save_text is not None:
-            _save_generations(out.tmp / "generations.jsonl", gens, models)
+            from edgespec.calibrate.generate import save_generations
+
+            save_generations(out.tmp / "generations.jsonl", gens, {"target": models.t_hash, "drafter": models.d_hash})
             out.extra[out.tmp / "generations.jsonl"] = Path(cfg.save_text)
         provenance = {
             "source": cfg.sources[0] if len(cfg.sources) == 1 else "mix",
@@ -155,6 +168,11 @@ def calibrate(cfg: CalibrationConfig) -> dict:
             "inputs": models.inputs, "seed": cfg.seed, "command": cfg.command, "versions": versions(),
             "priors": priors_meta, "priors_files": file_digests(out.priors),
         }
+        if cfg.vocab is not None:
+            import hashlib
+
+            provenance["kept_from"] = {"vocab": str(cfg.vocab),
+                                       "sha256": hashlib.sha256(Path(cfg.vocab).read_bytes()).hexdigest()}
         priors_rel = output_paths(cfg.out)["priors"].name
         doc = sel.vocab_document(selection, models.d_hash, models.v_d, provenance, priors_rel)
         out.commit(doc, curve, plot=sel.plot_curve)
@@ -175,7 +193,7 @@ def _combine(arrays: list[np.ndarray], weights: list[float]) -> np.ndarray:
 
 
 def _count_source(cfg: CalibrationConfig, models, name: str) -> tuple[dict, list]:
-    from edgespec.calibrate.counts import TokenCounter, count_corpus, expand_inputs, map_counts
+    from edgespec.calibrate.counts import TokenCounter, count_corpus, expand_inputs, map_counts, sha256_file
 
     if name == "raw":
         paths = expand_inputs(cfg.data)
@@ -190,18 +208,27 @@ def _count_source(cfg: CalibrationConfig, models, name: str) -> tuple[dict, list
     from edgespec.calibrate.generate import generate_corpus
     from edgespec.calibrate.prompts import load_prompts, prompts_digest
 
-    prompts = load_prompts(cfg.prompts, cfg.split)
-    generator = models.generator(name)
-    _log(cfg, f"{name} generates up to {cfg.max_tokens} tokens from {len(prompts)} prompt(s) "
-              f"({cfg.prompts}, split {cfg.split}; engine {type(generator).__name__})")
-    gens = generate_corpus(generator, prompts, cfg.max_tokens, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                           cfg.seed, desc=f"{name} generating", progress=cfg.progress)
     size, other_size = (models.v_t, models.v_d) if name == "target" else (models.v_d, models.v_t)
+    if cfg.generated:
+        from edgespec.calibrate.generate import load_generations
+
+        paths = expand_inputs(cfg.generated, "--generated")
+        gens = load_generations(paths, name, models.t_hash if name == "target" else models.d_hash)
+        info = {"kind": name, "engine": "saved generations (--generated)", "files": [str(p) for p in paths],
+                "files_sha256": [sha256_file(p) for p in paths], "prompts_used": len(gens)}
+        _log(cfg, f"{name}: {len(gens)} saved generation(s) from {len(paths)} file(s)")
+    else:
+        prompts = load_prompts(cfg.prompts, cfg.split)
+        generator = models.generator(name)
+        _log(cfg, f"{name} generates up to {cfg.max_tokens} tokens from {len(prompts)} prompt(s) "
+                  f"({cfg.prompts}, split {cfg.split}; engine {type(generator).__name__})")
+        gens = generate_corpus(generator, prompts, cfg.max_tokens, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
+                               cfg.seed, desc=f"{name} generating", progress=cfg.progress)
+        info = {"kind": name, "engine": type(generator).__name__, "prompts": cfg.prompts, "split": cfg.split,
+                "prompts_used": len(gens), "prompts_sha256": prompts_digest(prompts), "temperature": cfg.temperature,
+                "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "chat": generator.chat}
     own = np.bincount(np.concatenate([g.ids for g in gens]), minlength=size).astype(np.float64)[:size]
-    info = {"kind": name, "engine": type(generator).__name__, "prompts": cfg.prompts, "split": cfg.split,
-            "prompts_used": len(gens), "prompts_sha256": prompts_digest(prompts), "tokens": int(own.sum()),
-            "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
-            "chat": generator.chat}
+    info["tokens"] = int(own.sum())
     if models.same_tokenizer:
         other = own
     else:
@@ -269,16 +296,6 @@ def _corpus_description(cfg: CalibrationConfig) -> str:
         if s in cfg.sources:
             parts.append(f"{s}-generated: {cfg.prompts} split {cfg.split}, <= {cfg.max_tokens} tokens")
     return "; ".join(parts)
-
-
-def _save_generations(path: Path, gens: dict, models) -> None:
-    """Generated texts as jsonl (one record per prompt), e.g. for held-out coverage checks."""
-    with open(path, "w", encoding="utf-8") as f:
-        for source, items in gens.items():
-            h = models.t_hash if source == "target" else models.d_hash
-            for g in items:
-                f.write(json.dumps({"source": source, "id": g.prompt_id, "text": g.text,
-                                    "token_ids": g.ids.tolist(), "vocab_hash": h}, ensure_ascii=False) + "\n")
 
 
 def sample_raw_texts(paths: list[Path], n_chars: int, seed: int, limit: int = 400) -> list[str]:

@@ -78,6 +78,16 @@ def select(counts: np.ndarray, policy: str, value: float, always: list[int] | np
     return Selection(kept, policy, float(value), coverage_of(counts, kept), int(always.size))
 
 
+def reuse(vocab_doc: dict, counts: np.ndarray, vocab_size: int) -> Selection:
+    """The kept set of an existing vocab.json (checked by `read_vocab`), with its coverage of `counts`."""
+    kept = np.asarray(vocab_doc["kept_ids"], dtype=np.int64)
+    if kept[0] < 0 or kept[-1] >= vocab_size:
+        raise CalibrationError(f"--vocab: kept id {int(kept[-1])} is outside the drafter vocabulary ({vocab_size})")
+    prov = vocab_doc.get("provenance") or {}
+    return Selection(kept, str(prov.get("policy", "keep")), float(prov.get("policy_value", kept.size)),
+                     coverage_of(counts, kept), int(prov.get("always_kept", 0)))
+
+
 def _check_keep(value: float, v: int, n_always: int) -> int:
     if float(value) != int(value):
         raise CalibrationError(f"--keep must be an integer, got {value}")
@@ -176,7 +186,7 @@ def read_vocab(path: str | Path, tokenizer=None) -> dict:
     if doc.get("format_version") != VOCAB_FORMAT_VERSION:
         raise CalibrationError(f"{path}: unsupported vocab format_version {doc.get('format_version')!r}")
     ids = doc.get("kept_ids")
-    if not isinstance(ids, list) or not ids or ids != sorted(set(ids)):
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids) or ids != sorted(set(ids)):
         raise CalibrationError(f"{path}: kept_ids must be a non-empty ascending list of unique ids")
     if tokenizer is not None:
         from edgespec.runtime.vocab import vocab_hash

@@ -51,6 +51,10 @@ class ModelRunner:
         self.kv_dtype = _ORT_TO_NUMPY.get(inputs[self.past_names[0]].type, np.float32)
         self.vocab = session.get_outputs()[outputs.index("logits")].shape[-1]
         self.output_names = ["logits", *self.present_names]
+        # A quantized graph may declare that 1-token forwards take another kernel path (MatMulNBits with
+        # accuracy_level 4); forward() then pads them so every forward computes the same function.
+        meta = getattr(session.get_modelmeta(), "custom_metadata_map", None) or {}
+        self.min_tokens = max(1, int(meta.get("edgespec.min_forward_tokens", 1)))
         self.extra_outputs = [n for n in outputs if n not in self.output_names]
         self.time_ms = 0.0           # totals over the runner's life (callers book per-generation time)
         self.last_ms = 0.0
@@ -77,6 +81,12 @@ class ModelRunner:
     # ------------------------------------------------------------------ running
     def forward(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Logits [len(ids), V] for `ids` appended after the cached positions; the cache grows by len(ids)."""
+        if 0 < len(ids) < self.min_tokens:  # pad with the last id, then drop it: causal, so exact
+            flat = np.asarray(ids, dtype=np.int64).ravel()
+            pad = self.min_tokens - flat.size
+            logits = self.forward(np.concatenate([flat, np.repeat(flat[-1:], pad)]))
+            self.crop(self.length - pad)
+            return logits[:flat.size]
         s = len(ids)
         past = self.length
         feeds = {"input_ids": np.asarray(ids, dtype=np.int64).reshape(1, s),

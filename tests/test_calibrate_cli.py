@@ -243,3 +243,44 @@ def test_a_bundle_serves_the_self_pair_without_torch(tmp_path, tiny_self_bundle)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert res.stdout.strip().splitlines()[-1] == "0 False False", res.stderr[-2000:]
+
+
+def test_vocab_reuse_computes_priors_for_an_existing_kept_set(tmp_path, tiny_models, capsys):
+    a, b, sp = tiny_models["tiny-bl-a"], tiny_models["tiny-bl-b"], tiny_models["tiny-sp"]
+    first = tmp_path / "first.json"
+    assert _run("--target", a, "--drafter", b, "--source", "raw", "--data", RAW, "--coverage", 0.8,
+                "--out", first)[0] == 0
+    again = tmp_path / "again.json"
+    rc, _ = _run("--target", a, "--drafter", b, "--source", "raw", "--data", RAW, "--vocab", first,
+                 "--affinity", "cooc", "--tf-positions", 32, "--out", again)
+    assert rc == 0
+    d1, d2 = json.loads(first.read_text()), json.loads(again.read_text())
+    assert d2["kept_ids"] == d1["kept_ids"] and d2["provenance"]["policy"] == "coverage"
+    assert d2["provenance"]["kept_from"]["vocab"] == str(first)
+    assert (tmp_path / "again.priors" / "affinity.npz").is_file()
+    # a vocab made for another drafter tokenizer is refused
+    rc, err = _run("--target", a, "--drafter", sp, "--source", "raw", "--data", RAW, "--vocab", first,
+                   "--out", tmp_path / "x.json", capsys=capsys)
+    assert rc == 2 and "another tokenizer" in err and not (tmp_path / "x.json").exists()
+
+
+def test_saved_generations_are_reused(tmp_path, tiny_same_bundle, tiny_hetero_bundle, capsys):
+    gen = tmp_path / "gen.jsonl"
+    assert _run("--bundle", tiny_same_bundle, "--source", "target", "--prompts", "humaneval", "--max-tokens", 50,
+                "--keep", 200, "--save-text", gen, "--out", tmp_path / "first.json")[0] == 0
+    recs = [json.loads(line) for line in gen.read_text().splitlines()]
+    assert all({"prompt_text", "prompt_ids", "token_ids", "vocab_hash"} <= set(r) for r in recs)
+    out = tmp_path / "mix.json"
+    rc, _ = _run("--bundle", tiny_same_bundle, "--source", "raw", "target", "--data", RAW, "--generated", gen,
+                 "--keep", 200, "--affinity", "cooc", "--tf-positions", 40, "--out", out)
+    assert rc == 0
+    first = json.loads((tmp_path / "first.json").read_text())["provenance"]["sources"]["target"]
+    tgt = json.loads(out.read_text())["provenance"]["sources"]["target"]
+    assert tgt["tokens"] == first["tokens"] == sum(len(r["token_ids"]) for r in recs)
+    assert tgt["engine"] == "saved generations (--generated)"
+    # generations of another target tokenizer are refused
+    sp_gen = tmp_path / "sp.jsonl"
+    sp_gen.write_text("".join(json.dumps({**r, "vocab_hash": "0" * 64}) + "\n" for r in recs))
+    rc, err = _run("--bundle", tiny_hetero_bundle, "--source", "target", "--generated", sp_gen, "--keep", 200,
+                   "--out", tmp_path / "x.json", capsys=capsys)
+    assert rc == 2 and "another target tokenizer" in err

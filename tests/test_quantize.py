@@ -78,6 +78,48 @@ def test_quantized_greedy_identity_with_ar(qbundles, scheme):
             assert dec.generate(p, max_new_tokens=N).token_ids == expect, (scheme, k, p)
 
 
+def test_batch_invariance_is_checked_and_declared(qbundles):
+    """accuracy_level 4 takes an int8 GEMV path for 1-token forwards only: the export measures it and
+    the graph asks for >= 2 tokens per forward, which ModelRunner honours."""
+    from edgespec.runtime.kv import ModelRunner
+    from edgespec.runtime.sessions import create_session
+
+    for scheme in ("int4", "int8"):
+        man = _manifest(qbundles[scheme])
+        inv = man["target"]["quantization"]["batch_invariance"]
+        assert inv["two_vs_wider_max_abs_diff"] <= inv["tolerance"]
+        assert man["target"]["min_forward_tokens"] == inv["min_forward_tokens"] == \
+            (1 if inv["one_vs_two_max_abs_diff"] <= inv["tolerance"] else 2)
+        meta = onnx.load(str(qbundles[scheme] / "target" / "model.onnx"), load_external_data=False).metadata_props
+        declared = {p.key: p.value for p in meta}.get("edgespec.min_forward_tokens", "1")
+        assert int(declared) == inv["min_forward_tokens"]
+        b = Bundle.load(qbundles[scheme])
+        runner = ModelRunner(create_session(b.target.onnx, "cpu", threads=1)[0], "target")
+        assert runner.min_tokens == inv["min_forward_tokens"]
+        ids = b.target.tokenizer.encode("The quick brown fox jumps").ids
+        wide = runner.forward(ids + [ids[-1]])[-2].copy()
+        runner.reset()
+        runner.forward(ids[:-1])
+        step = runner.forward(ids[-1:])[-1].copy()
+        assert runner.length == len(ids)
+        assert np.abs(step - wide).max() <= inv["tolerance"]
+
+
+def test_runner_padding_is_exact_on_a_float_graph(tiny_self_bundle):
+    from edgespec.runtime.kv import ModelRunner
+    from edgespec.runtime.sessions import create_session
+
+    b = Bundle.load(tiny_self_bundle)
+    plain = ModelRunner(create_session(b.target.onnx, "cpu", threads=1)[0], "target")
+    padded = ModelRunner(create_session(b.target.onnx, "cpu", threads=1)[0], "target")
+    padded.min_tokens = 3
+    ids = [5, 17, 42, 7]
+    a = [plain.forward(ids[:2]).copy()] + [plain.forward([t]).copy() for t in ids[2:]]
+    c = [padded.forward(ids[:2]).copy()] + [padded.forward([t]).copy() for t in ids[2:]]
+    assert padded.length == plain.length == 4 and [x.shape for x in c] == [x.shape for x in a]
+    assert max(float(np.abs(x - y).max()) for x, y in zip(a, c)) < 1e-3
+
+
 def test_quantized_bundle_is_lossless_at_temperature_1(qbundles):
     b = Bundle.load(qbundles["int4"])
     dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1)
