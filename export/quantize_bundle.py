@@ -66,6 +66,10 @@ def make_transform(target: str | None, drafter: str | None, block_size: int = q.
             raise ExportError(f"unknown quantization scheme {scheme!r}; use one of {', '.join(CHOICES)}")
         q.check_accuracy_level(scheme, accuracy_level)
         q.check_ep(scheme, ep, embedding and scheme == "int4")
+    if sides.get("target") == "int8-dynamic":
+        raise ExportError("int8-dynamic quantizes activations per tensor over the whole forward, so a k-token verify "
+                          "differs from k decode steps and speculative decoding would not be exact; use it for the "
+                          "drafter only (--quantize-drafter int8-dynamic), and int4 or int8 for the target")
     if block_size not in q.BLOCK_SIZES:
         raise ExportError(f"--block-size must be one of {q.BLOCK_SIZES}, got {block_size}")
     opts = {"block_size": block_size, "accuracy_level": accuracy_level, "ep": ep, "embedding": embedding}

@@ -255,6 +255,12 @@ def test_refuses_a_scheme_the_ep_lacks(scheme, ep, embedding, match):
         make_transform(scheme, None, ep=ep, embedding=embedding)
 
 
+def test_refuses_int8_dynamic_for_the_target():
+    with pytest.raises(ExportError, match="int8-dynamic .* drafter only"):
+        make_transform("int8-dynamic", "int4")
+    assert make_transform("int4", "int8-dynamic") is not None
+
+
 def test_cli_refusal_is_one_line_and_exit_2(capsys, tmp_path):
     rc = main(["export", "--target", "x", "--drafter", "x", "--keep", "8", "--out", str(tmp_path / "o"),
                "--quantize", "int4", "--quantize-ep", "tensorrt"])
