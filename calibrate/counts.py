@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from edgespec.hashing import sha256_file
 import numpy as np
 
 from edgespec.errors import CalibrationError
@@ -103,14 +104,6 @@ def expand_inputs(specs: Iterable[str], option: str = "--data") -> list[Path]:
                 seen.add(r)
                 out.append(f)
     return out
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def is_jsonl(path: Path) -> bool:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgespec.hashing import sha256_file as file_digest
 import numpy as np
 
 from edgespec.errors import ExportError
@@ -217,14 +218,6 @@ def fix_modes(d: Path) -> None:
     for f in d.iterdir():
         if f.is_file():
             os.chmod(f, 0o666 & ~umask)
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def io_names(path_or_model) -> dict:

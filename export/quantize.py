@@ -86,7 +86,7 @@ def check_ep(scheme: str, ep: str = "cpu", embedding: bool = True) -> None:
     if not missing:
         return
     where = sorted(p.replace("ExecutionProvider", "") for p, ops in EP_KERNELS.items() if missing[0] in ops)
-    hint = " (or keep the embedding float: --no-quantize-embedding)" if missing == ["GatherBlockQuantized"] else ""
+    hint = " (or keep the embedding float: drop --quantize-embedding)" if missing == ["GatherBlockQuantized"] else ""
     raise ExportError(f"--quantize {scheme} needs the {'/'.join(missing)} kernel, which the {ep} EP ({provider}) "
                       f"lacks in ONNX Runtime 1.31; it exists on: {', '.join(where) or 'no EP'}{hint}")
 
@@ -194,14 +194,17 @@ def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4", block_si
     if accuracy_level is None and scheme != "int8-dynamic" and ep_provider(ep) == "CPUExecutionProvider":
         accuracy_level = CPU_ACCURACY_LEVEL
     try:
-        model = onnx.load(str(src), load_external_data=True)
+        model = onnx.load(str(src), load_external_data=False)  # the graph first: refusals cost no weight reads
     except Exception as exc:
         raise ExportError(f"cannot read ONNX model {src}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
     reasons = already_quantized(model)
     if reasons:
         raise ExportError(f"{src} is already quantized ({'; '.join(reasons)}); quantize the float export instead")
-    external_src = any(t.data_location == onnx.TensorProto.EXTERNAL for t in
-                       onnx.load(str(src), load_external_data=False).graph.initializer)
+    external_src = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    if external_src:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, str(src.parent))
     tied = materialize_transposed_heads(model)
     if scheme != "int8-dynamic":
         check_block_size(model, block_size, embedding)

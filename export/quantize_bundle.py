@@ -91,6 +91,16 @@ def _log(progress: bool, msg: str) -> None:
         print(f"edgespec: {msg}", file=sys.stderr, flush=True)
 
 
+def _unlink_shared_data(sub: Path) -> None:
+    """Bundle weight files are hard links into the export cache; onnx refuses to load hard-linked
+    external data ("potential hardlink attack"), so give the side its own copy before quantizing."""
+    for f in sub.glob("*.data"):
+        if f.stat().st_nlink > 1:
+            tmp = f.with_name(f.name + ".copy")
+            shutil.copyfile(f, tmp)
+            os.replace(tmp, f)
+
+
 def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens: int, progress: bool) -> dict:
     """Quantize ROOT/SIDE/model.onnx in place (via a scratch dir); returns the manifest update for SIDE."""
     sub = root / side
@@ -98,6 +108,7 @@ def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens
     work = sub / ".quant"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
+    _unlink_shared_data(sub)
     try:
         before = q.weight_stats(src)
         block = "" if scheme == "int8-dynamic" else f" (block {opts['block_size']})"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.errors import ModelSourceError
+from edgespec.hashing import sha256_file
 from edgespec.models import ModelRecipe, get_model, model_recipes
 from edgespec.paths import cache_home, models_dir
 
@@ -33,16 +34,6 @@ class ModelSource:
     hf_dir: Path
     sha256: str         # of the GGUF (recipe/gguf) or of the HF dir's weight files
     name: str
-
-
-def sha256_file(path: Path, progress: bool = False, desc: str | None = None) -> str:
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    with open(path, "rb") as f, _bar(size, desc or f"sha256 {path.name}", progress) as bar:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            bar.update(len(chunk))
-    return h.hexdigest()
 
 
 def _bar(total: int, desc: str, enabled: bool):

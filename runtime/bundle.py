@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgespec.hashing import sha256_file as _sha256
 import numpy as np
 
 from edgespec.errors import BundleError
@@ -26,14 +27,6 @@ REQUIRED_IO = {
     "target": {"inputs": {"input_ids", "attention_mask"}, "outputs": {"logits"}},
     "drafter": {"inputs": {"input_ids", "attention_mask"}, "outputs": {"logits", "index_map", "draft_ids"}},
 }
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass

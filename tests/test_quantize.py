@@ -191,6 +191,20 @@ def _close_to_float(src: Path, dst: Path, vocab: int, min_corr: float) -> None:
     assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > min_corr
 
 
+def test_external_data_in_external_data_out(tiny_models, tiny_export_cache, tmp_path):
+    """A source with external data (the 1.5B) gives a quantized graph with external data beside it."""
+    src = tmp_path / "src" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save_model(onnx.load(str(_cached_export(tiny_export_cache, "tiny-bl-a"))), str(src), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=0)
+    dst = tmp_path / "q" / "model.onnx"
+    rec = q.quantize_onnx(src, dst, "int4")
+    assert rec["external_data"] and (dst.parent / "model.onnx.data").is_file()
+    assert q.weight_stats(dst)["bytes_per_forward"] == _initializer_bytes_loaded(dst)
+    vocab = json.loads((tiny_models["tiny-bl-a"] / "config.json").read_text())["vocab_size"]
+    _close_to_float(src, dst, vocab, 0.9)
+
+
 def test_int8_dynamic(tiny_models, tiny_export_cache, tmp_path):
     src = _cached_export(tiny_export_cache, "tiny-bl-a")
     dst = tmp_path / "d" / "model.onnx"
@@ -248,7 +262,7 @@ def test_refuses_a_block_size_the_dimensions_do_not_divide(tiny_models, tiny_exp
 @pytest.mark.parametrize("scheme,ep,embedding,match", [
     ("int4", "tensorrt", False, "MatMulNBits kernel, which the tensorrt EP .*lacks.*CPU, CUDA, Dml"),
     ("int8-dynamic", "cuda", False, "DynamicQuantizeLinear/MatMulInteger kernel, which the cuda EP"),
-    ("int4", "dml", True, "GatherBlockQuantized kernel, which the dml EP.*--no-quantize-embedding"),
+    ("int4", "dml", True, "GatherBlockQuantized kernel, which the dml EP.*drop --quantize-embedding"),
 ])
 def test_refuses_a_scheme_the_ep_lacks(scheme, ep, embedding, match):
     with pytest.raises(ExportError, match=match):
@@ -301,5 +315,7 @@ def test_smollm_quantized_bundle(smollm_quantized, scheme):
         expect = ar.generate(p, max_new_tokens=24)
         assert expect.text.strip()
         assert dec.generate(p, max_new_tokens=24).token_ids == expect.token_ids
-    pvals = check_lossless(dec, b, b.target.tokenizer.encode("The quick brown").ids, n=1000, seed=0)
+    # top_k keeps the exact oracle cheap (it branches over every x1 it can sample)
+    pvals = check_lossless(dec, b, b.target.tokenizer.encode("The quick brown").ids, n=600, seed=0,
+                           temperature=1.0, top_k=20)
     assert min(pvals.values()) > ALPHA, pvals
