@@ -20,8 +20,7 @@ import numpy as np
 
 from edgespec.errors import CalibrationError
 
-VOCAB_FORMAT = "edgespec-vocab"
-VOCAB_FORMAT_VERSION = 1
+from edgespec.runtime.vocab import VOCAB_FORMAT, VOCAB_FORMAT_VERSION, read_vocab_file, vocab_hash
 POLICIES = ("keep", "coverage", "min-count")
 
 
@@ -174,26 +173,8 @@ def vocab_document(selection: Selection, vocab_hash: str, vocab_size: int, prove
 
 def read_vocab(path: str | Path, tokenizer=None) -> dict:
     """Read and check a vocab.json; with `tokenizer`, refuse a file made for another tokenizer."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CalibrationError(f"cannot read vocab file {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise CalibrationError(f"vocab file {path} is not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != VOCAB_FORMAT:
-        raise CalibrationError(f"{path} is not an edgespec vocab file")
-    if doc.get("format_version") != VOCAB_FORMAT_VERSION:
-        raise CalibrationError(f"{path}: unsupported vocab format_version {doc.get('format_version')!r}")
-    ids = doc.get("kept_ids")
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids) or ids != sorted(set(ids)):
+    doc = read_vocab_file(path, vocab_hash(tokenizer) if tokenizer is not None else None, CalibrationError)
+    ids = doc["kept_ids"]
+    if ids != sorted(set(ids)):
         raise CalibrationError(f"{path}: kept_ids must be a non-empty ascending list of unique ids")
-    if tokenizer is not None:
-        from edgespec.runtime.vocab import vocab_hash
-
-        want = (doc.get("tokenizer") or {}).get("vocab_hash")
-        have = vocab_hash(tokenizer)
-        if want != have:
-            raise CalibrationError(f"vocab file {path} was made for another tokenizer "
-                                   f"(vocab_hash {str(want)[:12]}..., this tokenizer has {have[:12]}...)")
     return doc

@@ -23,10 +23,9 @@ import numpy as np
 from edgespec import __version__
 from edgespec.errors import EdgespecError, ExportError
 from edgespec.runtime.bundle import FORMAT, FORMAT_VERSION, MANIFEST
-from edgespec.runtime.vocab import build_maps, intersection_size, tokenizer_info, vocab_hash
+from edgespec.runtime.vocab import (VOCAB_FORMAT, VOCAB_FORMAT_VERSION, build_maps, intersection_size,
+                                    read_vocab_file, tokenizer_info, vocab_hash)
 
-VOCAB_FORMAT = "edgespec-vocab"
-VOCAB_FORMAT_VERSION = 1
 PRIOR_FILES = ("prior.npy", "affinity.npz", "randomised.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json", "config.json")
@@ -99,23 +98,8 @@ def validate_keep(k: int | None, vocab_size: int | None = None) -> None:
 
 def load_vocab_file(path: Path, drafter_hash: str, vocab_size: int, specials: list[int]) -> KeptVocab:
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ExportError(f"cannot read vocab file {path}: {exc.strerror}") from exc
-    except ValueError as exc:
-        raise ExportError(f"vocab file {path} is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("format") != VOCAB_FORMAT:
-        raise ExportError(f"{path} is not an edgespec vocab file (format {doc.get('format') if isinstance(doc, dict) else None!r})")
-    if int(doc.get("format_version", -1)) != VOCAB_FORMAT_VERSION:
-        raise ExportError(f"{path}: unsupported vocab format_version {doc.get('format_version')!r} (expected {VOCAB_FORMAT_VERSION})")
-    h = (doc.get("tokenizer") or {}).get("vocab_hash")
-    if h != drafter_hash:
-        raise ExportError(f"vocab file {path} was made for another tokenizer (vocab_hash {str(h)[:12]}…, "
-                          f"drafter's is {drafter_hash[:12]}…); recalibrate for this drafter")
-    ids = doc.get("kept_ids")
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-        raise ExportError(f"vocab file {path}: kept_ids must be a non-empty list of token ids")
+    doc = read_vocab_file(path, drafter_hash, ExportError)
+    ids = doc["kept_ids"]
     arr = np.array(sorted(set(ids)), dtype=np.int64)
     if arr[0] < 0 or arr[-1] >= vocab_size:
         raise ExportError(f"vocab file {path}: kept id {int(arr[-1] if arr[-1] >= vocab_size else arr[0])} "

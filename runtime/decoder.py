@@ -374,10 +374,7 @@ class Generation:
                 del ctx.ids[marks[n_acc]:]
             changed = ctx.append_target(t)
             self.drafter.crop(min(self.drafter.length, changed))
-        st.drafted += n
-        st.accepted += n_acc
-        st.drafted_per_step.append(n)
-        st.accepted_per_step.append(n_acc)
+        st.record_block(n, n_acc)
         self.last = t
         return [*drafts[:n_acc], t]
 

@@ -143,9 +143,6 @@ def randomised_round(gen, gamma: int) -> list[int]:
     if n_acc < n:
         del ctx.ids[marks[n_acc]:]
     gen.drafter.crop(min(gen.drafter.length, ctx.append_target(t)))
-    st.drafted += n
-    st.accepted += n_acc
-    st.drafted_per_step.append(n)
-    st.accepted_per_step.append(n_acc)
+    st.record_block(n, n_acc)
     gen.last = t
     return [*drafts[:n_acc], t]

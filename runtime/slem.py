@@ -254,10 +254,7 @@ def slem_round(gen, gamma: int) -> list[int]:
             same += 1
         valid += same
     gen.drafter.crop(min(gen.drafter.length, valid))
-    st.drafted += m
-    st.accepted += n_acc
-    st.drafted_per_step.append(m)
-    st.accepted_per_step.append(n_acc)
+    st.record_block(m, n_acc)
     gen.last = t
     return new
 

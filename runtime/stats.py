@@ -116,6 +116,13 @@ class GenerationStats:
         t = self.total_ms - self.prefill_ms
         return self.overhead_ms / t if t > 0 else None
 
+    def record_block(self, drafted: int, accepted: int) -> None:
+        """Book one verified block: `drafted` drafts were proposed, `accepted` of them kept."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.drafted_per_step.append(drafted)
+        self.accepted_per_step.append(accepted)
+
     def record_verify(self, k: int, ms: float) -> None:
         self.verify_forwards += 1
         self.target_forwards += 1

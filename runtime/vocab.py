@@ -307,3 +307,39 @@ def tokenizer_info(model_dir: str | Path, tokenizer: Any = None) -> TokenizerInf
 def special_ids(model_dir: str | Path, tokenizer: Any = None) -> list[int]:
     """Ids always kept in a pruned head: added tokens marked special, BOS, EOS, pad and unk."""
     return tokenizer_info(model_dir, tokenizer).special_ids
+
+
+# --------------------------------------------------------------------------- vocab.json (kept vocabulary)
+
+VOCAB_FORMAT = "edgespec-vocab"
+VOCAB_FORMAT_VERSION = 1
+
+
+def read_vocab_file(path: str | Path, expected_hash: str | None, error: type[Exception]) -> dict:
+    """Read and check a vocab.json written by `edgespec calibrate` (format: docs/architecture.md).
+
+    Checks the format, version, that `kept_ids` is a non-empty list of ints, and, with
+    `expected_hash`, that the file was made for the tokenizer whose `vocab_hash` that is.
+    Failures raise `error` (the caller's EdgespecError subclass) with a one-line message."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"cannot read vocab file {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise error(f"vocab file {path} is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != VOCAB_FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else None
+        raise error(f"{path} is not an edgespec vocab file (format {found!r})")
+    if doc.get("format_version") != VOCAB_FORMAT_VERSION:
+        raise error(f"{path}: unsupported vocab format_version {doc.get('format_version')!r} "
+                    f"(expected {VOCAB_FORMAT_VERSION})")
+    ids = doc.get("kept_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        raise error(f"vocab file {path}: kept_ids must be a non-empty list of token ids")
+    if expected_hash is not None:
+        have = (doc.get("tokenizer") or {}).get("vocab_hash")
+        if have != expected_hash:
+            raise error(f"vocab file {path} was made for another tokenizer (vocab_hash {str(have)[:12]}…, "
+                        f"this tokenizer's is {expected_hash[:12]}…); recalibrate for this tokenizer")
+    return doc
