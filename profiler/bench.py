@@ -122,18 +122,43 @@ def select_prompts(s: BenchSettings) -> list:
 
 # --------------------------------------------------------------------------- decoders sharing sessions
 
+def parse_strategy(label: str) -> tuple[str, dict]:
+    """`NAME[:KEY=VALUE...]` -> (NAME, options), e.g. `rdk-taylor:rdk_beta=1000` or
+    `tli:draft_probability=auto`: the same strategy with other options is its own row in one run."""
+    name, *items = label.split(":")
+    return name, parse_options(items, f"strategy {label!r}")
+
+
+def parse_options(items: list[str] | None, where: str = "--strategy-option") -> dict:
+    """KEY=VALUE strings -> {key: int | float | str}."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BenchError(f"{where}: expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
 def decoder_family(bundle, configs: list[tuple[str, int]], s: BenchSettings) -> dict:
-    """{(strategy, gamma): decoder}, all sharing one target and (if any strategy drafts) one drafter session
-    (SpeculativeDecoder.variant: generations run one at a time and each resets both KV runners).
+    """{(strategy label, gamma): decoder}, all sharing one target and (if any strategy drafts) one drafter
+    session (SpeculativeDecoder.variant: generations run one at a time and each resets both KV runners).
     Every strategy is checked against the bundle here, before anything is measured."""
     from edgespec.runtime.decoder import SpeculativeDecoder
     from edgespec.runtime.strategies import get_strategy
 
-    drafting = [(st, g) for st, g in configs if get_strategy(st).uses_drafter]
+    parsed = {label: parse_strategy(label) for label, _ in configs}
+    drafting = [(st, g) for st, g in configs if get_strategy(parsed[st][0]).uses_drafter]
     first = drafting[0] if drafting else ("ar", 0)
-    base = SpeculativeDecoder(bundle, strategy=first[0], draft_length=max(first[1], 1), ep=s.ep, draft_ep=s.draft_ep,
-                              threads=s.threads, draft_threads=s.draft_threads, **s.options)
-    return {key: (base if key == first else base.variant(strategy=key[0], draft_length=max(key[1], 1), **s.options))
+    name, opts = parsed[first[0]]
+    base = SpeculativeDecoder(bundle, strategy=name, draft_length=max(first[1], 1), ep=s.ep, draft_ep=s.draft_ep,
+                              threads=s.threads, draft_threads=s.draft_threads, **{**s.options, **opts})
+    return {key: (base if key == first else
+                  base.variant(strategy=parsed[key[0]][0], draft_length=max(key[1], 1),
+                               **{**s.options, **parsed[key[0]][1]}))
             for key in configs}
 
 

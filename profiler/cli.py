@@ -37,18 +37,9 @@ def _float_list(text: str) -> list[float]:
 
 
 def _options(items: list[str] | None) -> dict:
-    from edgespec.profile.errors import BenchError
+    from edgespec.profile.bench import parse_options
 
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BenchError(f"--strategy-option expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = float(value) if any(c in value for c in ".eE") else int(value)
-        except ValueError:
-            out[key] = value
-    return out
+    return parse_options(items)
 
 
 def _command() -> str:
@@ -67,8 +58,9 @@ def register_bench(subparsers) -> None:
     p.add_argument("--split", default="test", help="calib, test or all (default test: never the calibration prompts)")
     p.add_argument("--category", type=_csv, help="comma-separated categories to keep (default all)")
     p.add_argument("--limit", type=int, help="at most this many prompts")
-    p.add_argument("--strategies", type=_csv, default=["ar", "tli"], help="comma-separated (default ar,tli); "
-                                                                           "ar is always measured")
+    p.add_argument("--strategies", type=_csv, default=["ar", "tli"],
+                   help="comma-separated (default ar,tli); ar is always measured. NAME:KEY=VALUE[:...] sets options "
+                        "for that row only, e.g. rdk-taylor:rdk_beta=1000,tli:draft_probability=auto")
     p.add_argument("--draft-length", type=_int_list, default=[1, 2, 4], help="comma-separated γ (default 1,2,4)")
     p.add_argument("--strategy-option", action="append", metavar="KEY=VALUE",
                    help="strategy option passed to every decoder, e.g. rdk_beta=2 (repeatable)")

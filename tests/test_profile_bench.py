@@ -116,6 +116,26 @@ def test_variant_decoders_match_fresh_ones(tiny_hetero_bundle):
         assert (a.stats.drafted, a.stats.accepted) == (b.stats.drafted, b.stats.accepted)
 
 
+def test_strategy_rows_with_their_own_options(tiny_self_bundle, prompts_file, tmp_path):
+    """`NAME:KEY=VALUE` makes a row of its own: its options reach only that row's decoder."""
+    from edgespec.profile.bench import parse_strategy
+
+    assert parse_strategy("rdk-taylor:rdk_beta=1000:rdk_tol=0.5") == ("rdk-taylor", {"rdk_beta": 1000, "rdk_tol": 0.5})
+    assert parse_strategy("tli:draft_probability=auto") == ("tli", {"draft_probability": "auto"})
+    with pytest.raises(BenchError, match="KEY=VALUE"):
+        parse_strategy("tli:draft_probability")
+    bundle = Bundle.load(tiny_self_bundle)
+    s = BenchSettings(bundle=tiny_self_bundle, report=Path("unused"), threads=1)
+    configs = [("ar", 0), ("tli", 2), ("tli:draft_probability=0.5", 2)]
+    family = decoder_family(bundle, configs, s)
+    assert family[("tli", 2)].draft_probability is None
+    assert family[("tli:draft_probability=0.5", 2)].draft_probability == 0.5
+    assert family[("tli:draft_probability=0.5", 2)].strategy.name == "tli"
+    doc = run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", strategies=["ar", "tli",
+                             "tli:draft_probability=0.5"], draft_lengths=[2], repeats=1, warmup=False))
+    assert [r["strategy"] for r in doc["runs"]] == ["ar", "tli", "tli:draft_probability=0.5"]
+
+
 def test_interrupted_bench_writes_partial_report(tiny_same_bundle, prompts_file, tmp_path):
     seen = []
 
