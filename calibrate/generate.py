@@ -6,8 +6,9 @@ included when the model emits it). A global `max_tokens` budget stops generation
 is cut short) so a calibration on a 2-core CPU finishes in minutes; a progress bar shows tokens and ETA.
 
 Two engines:
-  - `BundleGenerator`: the bundle's ONNX target through the runtime decoder, `SpeculativeDecoder(bundle,
-    strategy="ar")`: no torch needed. The bundle's drafter graph has a pruned head, so drafter-generated
+  - `BundleGenerator`: the bundle's ONNX target through the runtime decoder: no torch needed. With a
+    same-tokenizer drafter it decodes speculatively (`tli`, draft length 3: lossless, so the text has the
+    target's own distribution, about 1.4x faster on qwen-coder); otherwise `ar`. The bundle's drafter graph has a pruned head, so drafter-generated
     text through a bundle is only possible when the drafter *is* the target model (e.g. smollm-self).
   - `TorchGenerator`: transformers + torch (1 thread) from an HF model directory.
 """
@@ -113,7 +114,8 @@ class BundleGenerator:
         except ImportError as exc:
             raise CalibrationError(f"the runtime decoder is not available ({exc}); drop --bundle to use torch") from None
         self.bundle = bundle
-        self.dec = SpeculativeDecoder(bundle, strategy="ar", ep=ep, threads=threads)
+        self.dec = SpeculativeDecoder(bundle, strategy="tli" if bundle.same_tokenizer else "ar", draft_length=3, ep=ep,
+                                      threads=threads)
         self.tok = bundle.target.tokenizer
         self.chat = bool(bundle.target.chat_template) if chat is None else chat
         if self.chat and not bundle.target.chat_template:
