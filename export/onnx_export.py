@@ -117,16 +117,14 @@ def check_inputs(vocab_size: int, n: int = CHECK_PREFILL + CHECK_DECODE, seed: i
 
 
 def ort_session(path: Path, threads: int = 1):
-    """A CPU session for the export-time checks; prepacking is off so weights are held once."""
+    """A CPU session for the export-time checks: the runtime's thread policy, prepacking off so weights
+    are held once."""
     import onnxruntime as ort
 
-    ort.set_default_logger_severity(3)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    from edgespec.runtime.sessions import session_options
+
+    so = session_options(threads)
     so.add_session_config_entry("session.disable_prepacking", "1")
-    so.log_severity_level = 3
     return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
 
 
