@@ -319,3 +319,15 @@ def test_smollm_quantized_bundle(smollm_quantized, scheme):
     pvals = check_lossless(dec, b, b.target.tokenizer.encode("The quick brown").ids, n=600, seed=0,
                            temperature=1.0, top_k=20)
     assert min(pvals.values()) > ALPHA, pvals
+
+
+def test_verify_cost_reports_ratios_against_the_first_k(tiny_self_bundle, tmp_path):
+    """`python -m edgespec.export.verify_cost`: medians per k and ratios to the first k, in JSON."""
+    from edgespec.export import verify_cost
+
+    out = tmp_path / "cost.json"
+    assert verify_cost.main([str(tiny_self_bundle), "--k", "1,4", "--past", "8", "--repeats", "2",
+                             "--json", str(out)]) == 0
+    (res,) = json.loads(out.read_text()).values()
+    assert res["ratio_wall"]["1"] == 1.0 and res["ratio_wall"]["4"] == res["wall_ms"]["4"] / res["wall_ms"]["1"]
+    assert all(v > 0 for v in res["wall_ms"].values())
