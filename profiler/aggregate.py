@@ -14,7 +14,7 @@ from edgespec.profile import mbsu as M
 # summarised per repeat, reported as the median over repeats with a [min, max] spread
 MEDIAN_FIELDS = ("acceptance_rate", "tau", "tokens_per_s", "speedup", "ttft_ms", "tpot_ms", "draft_step_ms",
                  "target_decode_ms", "bandwidth_gbs", "prefill_ms_per_token", "draft_ms_per_token",
-                 "verify_ms_per_token", "overhead_ms_per_token", "overhead_share")
+                 "verify_ms_per_token", "overhead_ms_per_token", "overhead_share", "sampler_share")
 
 
 def _sum(recs, key) -> float:
@@ -53,6 +53,7 @@ def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma: int, manifest: 
         "bandwidth_gbs": weight_bytes / (total / 1e3) / 1e9 if weight_bytes and total > 0 else None,
         "peak_rss_mb": max(r.get("peak_rss_mb") or 0.0 for r in recs),
         "overhead_share": M.ratio(_sum(recs, "overhead_ms"), total - _sum(recs, "prefill_ms")),
+        "sampler_share": M.ratio(_sum(recs, "sampler_ms"), _sum(recs, "draft_ms")) if gamma else None,
     }
     for part in ("prefill", "draft", "verify", "overhead"):
         out[f"{part}_ms_per_token"] = _sum(recs, f"{part}_ms") / tokens if tokens else None

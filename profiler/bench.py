@@ -26,7 +26,7 @@ from typing import Callable
 from edgespec.profile.errors import BenchError
 
 RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms", "draft_ms",
-                "verify_ms", "overhead_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted",
+                "verify_ms", "overhead_ms", "sampler_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted",
                 "accepted", "drafter_resyncs", "drafter_fallback_steps", "stop_reason", "providers", "fallbacks")
 WARMUP_TOKENS = 8
 

@@ -106,15 +106,15 @@ def table(doc: dict) -> str:
 
 def _breakdown_table(doc: dict) -> str:
     head = ("| strategy | γ | prefill ms/tok | draft ms/tok | verify ms/tok | overhead ms/tok | overhead share "
-            "| draft step ms | target decode ms | speedup [min, max] | peak RSS MB | resyncs |")
+            "| sampler / draft | draft step ms | target decode ms | speedup [min, max] | peak RSS MB | resyncs |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in doc["runs"]:
         sp = r["spread"].get("speedup") or [None, None]
         lines.append("| " + " | ".join([
             r["strategy"], str(r["draft_length"]), _fmt(r["prefill_ms_per_token"], ".1f"),
             _fmt(r["draft_ms_per_token"], ".1f"), _fmt(r["verify_ms_per_token"], ".1f"),
-            _fmt(r["overhead_ms_per_token"], ".2f"), _fmt(r["overhead_share"]), _fmt(r["draft_step_ms"], ".2f"),
-            _fmt(r["target_decode_ms"], ".2f"), f"[{_fmt(sp[0], '.2f')}, {_fmt(sp[1], '.2f')}]",
+            _fmt(r["overhead_ms_per_token"], ".2f"), _fmt(r["overhead_share"]),
+            _fmt(r.get("sampler_share"), ".4f"), _fmt(r["draft_step_ms"], ".2f"), _fmt(r["target_decode_ms"], ".2f"), f"[{_fmt(sp[0], '.2f')}, {_fmt(sp[1], '.2f')}]",
             _fmt(r["peak_rss_mb"], ".0f"), str(r["drafter_resyncs"]),
         ]) + " |")
     return "\n".join(lines)

@@ -295,6 +295,20 @@ class Generation:
             st.draft_ms_steps.append(ms)
         return row
 
+    def draft_q(self, row: np.ndarray, j: int) -> np.ndarray:
+        """The strategy's draft distribution over target ids for one drafter row, into q_rows[j]."""
+        t = time.perf_counter()
+        q = self.dec.strategy.distribution(self.dec.state, row, self.params, self.dec.q_rows[j])
+        self.stats.sampler_ms += (time.perf_counter() - t) * 1e3
+        return q
+
+    def draft_greedy(self, row: np.ndarray) -> int:
+        """The strategy's temperature-0 draft (a target id) for one drafter row."""
+        t = time.perf_counter()
+        x = self.dec.strategy.greedy(self.dec.state, row)
+        self.stats.sampler_ms += (time.perf_counter() - t) * 1e3
+        return x
+
     def commit(self, new: list[int]) -> str | None:
         """Append committed tokens; returns "eos"/"length" when generation must end."""
         for i, t in enumerate(new):
@@ -338,7 +352,7 @@ class Generation:
 
     def token_round(self, gamma: int) -> list[int]:
         dec, st, params, rng = self.dec, self.stats, self.params, self.rng
-        strategy, state, ctx = dec.strategy, dec.state, self.ctx
+        ctx = self.ctx
         a = dec.draft_probability
         drafts: list[int] = []
         marks: list[int] = []            # len(ctx.ids) before each draft's drafter ids
@@ -348,9 +362,9 @@ class Generation:
                 self.drafter.crop(self.drafter.length - 1)   # re-run the last token for fresh logits
             row = self.draft_forward(ctx.ids[self.drafter.length:])
             if params.greedy:
-                x = strategy.greedy(state, row)
+                x = self.draft_greedy(row)
             else:
-                q = strategy.distribution(state, row, params, dec.q_rows[j])
+                q = self.draft_q(row, j)
                 if a is not None and rng.random() >= a:
                     terminal = True
                     break

@@ -100,7 +100,7 @@ def randomised_round(gen, gamma: int) -> list[int]:
     from edgespec.runtime.verify import verify_sampled
 
     dec, st, params, rng = gen.dec, gen.stats, gen.params, gen.rng
-    strategy, state, ctx, a = dec.strategy, dec.state, gen.ctx, dec.draft_probability
+    ctx, a = gen.ctx, dec.draft_probability
     n, no_draft = chain_length(rng, a, gamma)
     drafts: list[int] = []
     marks: list[int] = []
@@ -116,8 +116,7 @@ def randomised_round(gen, gamma: int) -> list[int]:
             future = side.submit(gen.drafter.forward, pending)
             break
         row = gen.draft_forward(ctx.ids[gen.drafter.length:])
-        q = strategy.distribution(state, row, params, dec.q_rows[j])
-        x = sample(q, rng, dec.work[1])
+        x = sample(gen.draft_q(row, j), rng, dec.work[1])
         drafts.append(x)
         marks.append(len(ctx.ids))
         ctx.ids.extend(ctx.feed_ids(x))
@@ -135,7 +134,7 @@ def randomised_round(gen, gamma: int) -> list[int]:
         else:
             st.draft_ms += ms
             st.draft_ms_steps.append(ms)
-        strategy.distribution(state, row, params, dec.q_rows[n])
+        gen.draft_q(row, n)
     p = probabilities(logits, params, out=dec.p_rows[:n + 1])
     d = np.asarray(drafts, dtype=np.int64)
     n_acc, t = verify_sampled(p, dec.q_rows[:n + no_draft], d, rng, a, no_draft, work=dec.work)

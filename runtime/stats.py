@@ -38,6 +38,9 @@ Times (ms, wall clock, time.perf_counter)
 - `verify_ms`: target ORT runs after its prefill.
 - `overhead_ms` = total_ms - prefill_ms - draft_ms - verify_ms + overlap_ms: everything that is not an
   ORT run (tokenisation, templates, sampling, strategies, verify arithmetic, KV slicing, text decoding).
+- `sampler_ms`: NumPy time turning drafter logits into the draft (the strategy's distribution q over
+  target ids, or its greedy pick): masking, TLI renormalisation, RDK's Taylor term or M^T q'. Part of
+  overhead_ms. `sampler_share` = sampler_ms / draft_ms: the strategy's cost as a share of drafter time.
 - `overlap_ms`: ORT time that ran at the same time as other ORT time, hence counted twice in
   prefill/draft/verify_ms: randomised drafting runs the no-draft drafter forward on a worker thread
   while the target verifies (runtime/randomised.py); per such round, drafter ms + verify ms - the
@@ -82,6 +85,7 @@ class GenerationStats:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     overlap_ms: float = 0.0
+    sampler_ms: float = 0.0
     verify_ms_by_k: dict = field(default_factory=dict)
     draft_ms_steps: list = field(default_factory=list)
     accepted_per_step: list = field(default_factory=list)
@@ -116,6 +120,10 @@ class GenerationStats:
         t = self.total_ms - self.prefill_ms
         return self.overhead_ms / t if t > 0 else None
 
+    @property
+    def sampler_share(self) -> float | None:
+        return self.sampler_ms / self.draft_ms if self.draft_ms > 0 else None
+
     def record_block(self, drafted: int, accepted: int) -> None:
         """Book one verified block: `drafted` drafts were proposed, `accepted` of them kept."""
         self.drafted += drafted
@@ -133,7 +141,8 @@ class GenerationStats:
         """All fields plus the derived values (JSON-ready)."""
         d = asdict(self)
         d["verify_ms_by_k"] = {str(k): v for k, v in self.verify_ms_by_k.items()}
-        for name in ("overhead_ms", "acceptance_rate", "tau", "tokens_per_s", "decode_tokens_per_s", "overhead_share"):
+        for name in ("overhead_ms", "acceptance_rate", "tau", "tokens_per_s", "decode_tokens_per_s", "overhead_share",
+                     "sampler_share"):
             d[name] = getattr(self, name)
         return d
 

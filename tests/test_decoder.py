@@ -80,6 +80,18 @@ def test_seeded_sampling_is_reproducible(bundles, name):
     assert len(others) > 1          # the seed matters (5 equal 32-token samples at T=1 would be absurd)
 
 
+@pytest.mark.parametrize("temperature,draft_probability", [(0.0, None), (1.0, None), (1.0, 0.5)])
+def test_sampler_time_is_booked_inside_overhead(bundles, temperature, draft_probability):
+    """sampler_ms (drafter logits -> q) is measured for every draft, and it is part of the non-ORT overhead."""
+    dec = SpeculativeDecoder(bundles["hetero"], strategy="tli", draft_length=3, threads=1,
+                             draft_probability=draft_probability)
+    st = dec.generate(PROMPTS[0], max_new_tokens=N, temperature=temperature, seed=1).stats
+    assert st.drafted > 0 and 0 < st.sampler_ms <= st.overhead_ms
+    assert st.sampler_share == st.sampler_ms / st.draft_ms
+    ar = SpeculativeDecoder(bundles["hetero"], strategy="ar", threads=1).generate(PROMPTS[0], max_new_tokens=4)
+    assert ar.stats.sampler_ms == 0.0 and ar.stats.sampler_share is None
+
+
 @pytest.mark.parametrize("name", ["self", "hetero"])
 def test_stream_concatenates_to_the_text(bundles, name):
     dec = SpeculativeDecoder(bundles[name], strategy="tli", draft_length=4, threads=1)
