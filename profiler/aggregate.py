@@ -114,6 +114,8 @@ def summarise_config(records: list[dict], key: tuple, manifest: dict, stream_gbs
     run["spread"] = {f: _min_max([r[f] for r in repeats]) for f in (*MEDIAN_FIELDS, "c_time")}
     run["providers"] = _providers([p[0] for p in pairs])
     run["drafter_resyncs"] = int(sum(p[0].get("drafter_resyncs", 0) for p in pairs))
+    # lossless check, free in every bench: greedy outputs must equal ar's token for token (0 here)
+    run["outputs_differing_from_ar"] = sum(a.get("output_sha256") != b.get("output_sha256") for a, b in pairs)
     run["by_category"] = _category_summary(pairs)
     run["repeats"] = repeats
     return run

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from edgespec.profile.errors import BenchError
 
 RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms", "draft_ms",
@@ -185,12 +187,13 @@ def _generate(dec, ids, s: BenchSettings, max_new: int, seed: int | None):
                         seed=seed)
 
 
-def record(stats, repeat: int, prompt, key: tuple, rss_mb: float) -> dict:
-    d = stats.to_dict()
+def record(res, repeat: int, prompt, key: tuple, rss_mb: float) -> dict:
+    d = res.stats.to_dict()
     rec = {"repeat": repeat, "prompt_id": prompt.id, "category": prompt.category, "strategy": key[0],
            "draft_length": key[1], **{k: d[k] for k in RECORD_STATS}, "peak_rss_mb": rss_mb}
     rec["draft_ms_steps"] = list(d.get("draft_ms_steps") or [])
     rec["decode_ms_steps"] = list((d.get("verify_ms_by_k") or {}).get("1", []))
+    rec["output_sha256"] = hashlib.sha256(np.asarray(res.token_ids, dtype=np.int64).tobytes()).hexdigest()
     return rec
 
 
@@ -212,7 +215,7 @@ def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dic
                     bar.set_postfix_str(f"rep {rep + 1} {prompt.id} {key[0]} g={key[1]}", refresh=False)
                     reset_peak_rss()
                     res = _generate(decoders[key], ids, s, s.max_new_tokens, seed)
-                    records.append(record(res.stats, rep, prompt, key, peak_rss_mb()))
+                    records.append(record(res, rep, prompt, key, peak_rss_mb()))
                     bar.update(1)
                     if hook is not None:
                         hook(records[-1])

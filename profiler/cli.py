@@ -97,10 +97,11 @@ def bench_settings(args):
 
 def run_bench(args) -> int:
     from edgespec.profile.bench import run_bench as bench
-    from edgespec.profile.report import table
+    from edgespec.profile.report import lossless_line, table
 
     doc = bench(bench_settings(args))
     print(table(doc))
+    print("\n" + lossless_line(doc))
     print(f"\nreport: {Path(args.report) / 'report.md'}")
     return 130 if doc["partial"] else 0
 

@@ -122,10 +122,11 @@ def run_demo(args) -> int:
 
 
 def _print_summary(report: Path, times: dict, total_s: float) -> None:
-    from edgespec.profile.report import table
+    from edgespec.profile.report import lossless_line, table
 
     doc = json.loads((report / "report.json").read_text())
     print(table(doc))
+    print("\n" + lossless_line(doc))
     print(f"\nreport: {report / 'report.md'}")
     for name in doc.get("plots", []):
         print(f"plot:   {report / name}")

@@ -14,7 +14,7 @@ PLOT_CATEGORY = "acceptance_by_category.png"
 GENERATION_FIELDS = ("repeat", "prompt_id", "category", "strategy", "draft_length", "new_tokens", "prompt_tokens",
                      "total_ms", "ttft_ms", "prefill_ms", "draft_ms", "verify_ms", "overhead_ms", "target_forwards",
                      "verify_forwards", "draft_forwards", "drafted", "accepted", "drafter_resyncs", "stop_reason",
-                     "peak_rss_mb")
+                     "peak_rss_mb", "sampler_ms", "output_sha256")
 
 
 def bundle_summary(bundle) -> dict:
@@ -133,6 +133,18 @@ def _category_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def lossless_line(doc: dict) -> str:
+    """Greedy benches double as a lossless check: every strategy's output must equal ar's."""
+    runs = [r for r in doc["runs"] if r["draft_length"]]
+    if doc["settings"]["temperature"] != 0 or not runs:
+        return "Sampling: outputs are not compared with ar (the distribution tests cover sampling)."
+    bad = [f"{r['strategy']} γ={r['draft_length']}: {r['outputs_differing_from_ar']}" for r in runs
+           if r.get("outputs_differing_from_ar")]
+    n = sum(r["prompts"] * r["repeats_measured"] for r in runs)
+    return ("**LOSSLESS CHECK FAILED**: greedy outputs differing from ar: " + "; ".join(bad) if bad else
+            f"Greedy outputs identical to ar, token for token, in all {n} generations compared.")
+
+
 def markdown(doc: dict) -> str:
     s, b, m = doc["settings"], doc["bundle"], doc["machine"]
     providers = sorted({f"{role}: {', '.join(p)}" for r in doc["runs"] for role, p in r["providers"].items()})
@@ -147,7 +159,7 @@ def markdown(doc: dict) -> str:
         f"- command: `{s.get('command') or '-'}`", "",
         "Medians over repeats. speedup = ar's time per token ÷ this run's, on the same prompts; "
         "MBSU = τ/(c·γ+1); realisation = speedup ÷ MBSU(c_time); GB/s = weight bytes read per token × tok/s.", "",
-        table(doc), "", "## Where the time goes", "", _breakdown_table(doc), "",
+        table(doc), "", lossless_line(doc), "", "## Where the time goes", "", _breakdown_table(doc), "",
     ]
     cat = _category_table(doc)
     if cat:

@@ -64,6 +64,13 @@ def test_bench_cli_report_is_consistent(tiny_self_bundle, prompts_file, tmp_path
     assert set(runs) == {("ar", 0), ("tli", 1), ("tli", 3)}
     ar = runs[("ar", 0)]
     assert ar["speedup"] == 1.0 and ar["tau"] == 1.0 and ar["mbsu_time"] == 1.0
+    # greedy: every strategy's output equals ar's, and the report says so
+    assert all(r["outputs_differing_from_ar"] == 0 for r in doc["runs"])
+    assert "Greedy outputs identical to ar, token for token, in all 16 generations" in (out / "report.md").read_text()
+    broken = json.loads(json.dumps(doc))
+    broken["runs"][1]["outputs_differing_from_ar"] = 1
+    from edgespec.profile.report import lossless_line
+    assert lossless_line(broken).startswith("**LOSSLESS CHECK FAILED**: greedy outputs differing from ar: tli γ=1: 1")
     manifest = json.loads((Path(tiny_self_bundle) / "manifest.json").read_text())
     t_bpf, d_bpf = manifest["target"]["bytes_per_forward"], manifest["drafter"]["bytes_per_forward"]
     gens = doc["generations"]
