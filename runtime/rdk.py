@@ -46,8 +46,10 @@ def rdk_taylor_distribution(q_tli: np.ndarray, prior: np.ndarray, beta: float = 
 class RdkTaylor:
     """Eq. 3 with the per-prior constants precomputed and preallocated buffers (no allocation per step).
 
-    p~_i = q'_i * N/(N+p_i) + beta theta * p_i/(N+p_i): two constant vectors, so a step is one dot,
-    two fused multiply-adds and a normalisation over N entries."""
+    p~_i = q'_i * N/(N+p_i) + beta theta * p_i/(N+p_i): two constant vectors. q' is zero outside the
+    K' target ids of the kept columns, so `from_columns` computes the same p_Taylor with ONE dense pass
+    over the N ids (out = c * shift) plus O(K') work on the kept ids: theta and the normaliser come from
+    the K' entries and the precomputed sum of shift. `__call__` takes a dense q' (the literal form)."""
 
     def __init__(self, prior: np.ndarray, beta: float = 1.0, dtype=np.float64):
         prior = np.asarray(prior, dtype=dtype)
@@ -58,6 +60,7 @@ class RdkTaylor:
         self.beta = float(beta)
         self.scale = n / (n + self.prior)                 # N / (N + p_i)
         self.shift = self.prior / (n + self.prior)        # p_i / (N + p_i)
+        self.shift_sum = float(self.shift.sum())
         self._tmp = np.empty(n, dtype=dtype)
 
     def __call__(self, q_tli: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -68,6 +71,19 @@ class RdkTaylor:
         np.multiply(self.shift, self.beta * theta, out=self._tmp)
         out += self._tmp
         out *= 1.0 / out.sum()
+        return out
+
+    def from_columns(self, col_probs: np.ndarray, target_ids: np.ndarray, unique: bool,
+                     out: np.ndarray) -> np.ndarray:
+        """The same p_Taylor from q' given sparsely: probabilities `col_probs` at `target_ids`."""
+        theta = float(np.dot(self.prior[target_ids], col_probs))
+        in_t = col_probs * self.scale[target_ids]         # N q'_i / (N + p_i) on the kept ids
+        z = float(in_t.sum()) + self.beta * theta * self.shift_sum
+        np.multiply(self.shift, self.beta * theta / z, out=out)
+        if unique:
+            out[target_ids] += in_t / z
+        else:
+            np.add.at(out, target_ids, in_t / z)
         return out
 
 
@@ -204,7 +220,6 @@ class _RdkState:
     taylor: RdkTaylor | None = None
     affinity: Affinity | None = None
     tol: float = DEFAULT_TOL
-    q_tli: np.ndarray | None = None         # [V_t] buffer (rdk-taylor)
     q_kept: np.ndarray | None = None        # [K] buffer (rdk)
     out: np.ndarray | None = None           # [V_t] buffer (greedy drafts)
 
@@ -237,7 +252,7 @@ def _prepare_taylor(bundle, options) -> _RdkState:
     if prior.shape != (cols.target_vocab,):
         raise BundleError(f"prior has {prior.shape[0]} entries but the target vocabulary has {cols.target_vocab}")
     return _RdkState(cols, taylor=RdkTaylor(prior, float(options.get("rdk_beta", 1.0))),
-                     q_tli=np.empty(cols.target_vocab), out=np.empty(cols.target_vocab))
+                     out=np.empty(cols.target_vocab))
 
 
 def _prepare_rdk(bundle, options) -> _RdkState:
@@ -253,8 +268,9 @@ def _prepare_rdk(bundle, options) -> _RdkState:
 
 
 def _taylor_distribution(state: _RdkState, kept_logits, params, out):
-    _strategies.tli_distribution(state.cols, kept_logits, params, state.q_tli)
-    return state.taylor(state.q_tli, out=out)
+    cols = state.cols
+    return state.taylor.from_columns(_strategies.tli_column_probs(kept_logits, cols, params), cols.target_ids,
+                                     cols.unique, out)
 
 
 def _rdk_distribution(state: _RdkState, kept_logits, params, out):
