@@ -8,8 +8,9 @@ is cut short) so a calibration on a 2-core CPU finishes in minutes; a progress b
 Two engines:
   - `BundleGenerator`: the bundle's ONNX target through the runtime decoder: no torch needed. With a
     same-tokenizer drafter it decodes speculatively (`tli`, draft length 3: lossless, so the text has the
-    target's own distribution, about 1.4x faster on qwen-coder); otherwise `ar`. The bundle's drafter graph has a pruned head, so drafter-generated
-    text through a bundle is only possible when the drafter *is* the target model (e.g. smollm-self).
+    target's own distribution, about 1.4x faster on qwen-coder); otherwise `ar`. The bundle's drafter
+    graph has a pruned head, so drafter-generated text through a bundle is only possible when the
+    drafter *is* the target model (e.g. smollm-self).
   - `TorchGenerator`: transformers + torch (1 thread) from an HF model directory.
 """
 from __future__ import annotations

@@ -152,15 +152,17 @@ def decoder_family(bundle, configs: list[tuple[str, int]], s: BenchSettings) -> 
     from edgespec.runtime.decoder import SpeculativeDecoder
     from edgespec.runtime.strategies import get_strategy
 
-    parsed = {label: parse_strategy(label) for label, _ in configs}
+    parsed = {}                               # label -> (strategy name, its options over --strategy-option)
+    for label, _ in configs:
+        name, opts = parse_strategy(label)
+        parsed[label] = (name, {**s.options, **opts})
     drafting = [(st, g) for st, g in configs if get_strategy(parsed[st][0]).uses_drafter]
     first = drafting[0] if drafting else ("ar", 0)
     name, opts = parsed[first[0]]
     base = SpeculativeDecoder(bundle, strategy=name, draft_length=max(first[1], 1), ep=s.ep, draft_ep=s.draft_ep,
-                              threads=s.threads, draft_threads=s.draft_threads, **{**s.options, **opts})
+                              threads=s.threads, draft_threads=s.draft_threads, **opts)
     return {key: (base if key == first else
-                  base.variant(strategy=parsed[key[0]][0], draft_length=max(key[1], 1),
-                               **{**s.options, **parsed[key[0]][1]}))
+                  base.variant(strategy=parsed[key[0]][0], draft_length=max(key[1], 1), **parsed[key[0]][1]))
             for key in configs}
 
 

@@ -36,12 +36,6 @@ def _float_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def _options(items: list[str] | None) -> dict:
-    from edgespec.profile.bench import parse_options
-
-    return parse_options(items)
-
-
 def _command() -> str:
     return "edgespec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
@@ -84,14 +78,14 @@ def register_bench(subparsers) -> None:
 
 
 def bench_settings(args):
-    from edgespec.profile.bench import BenchSettings
+    from edgespec.profile.bench import BenchSettings, parse_options
 
     return BenchSettings(
         bundle=args.bundle, report=args.report, prompts=args.prompts, split=args.split, categories=args.category,
         limit=args.limit, strategies=args.strategies, draft_lengths=args.draft_length,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, ep=args.ep, draft_ep=args.draft_ep, threads=args.threads, draft_threads=args.draft_threads,
-        repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, options=_options(args.strategy_option),
+        repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, options=parse_options(args.strategy_option),
         bandwidth_mb=args.bandwidth_mb, verify=args.verify, progress=not args.quiet, command=_command())
 
 
