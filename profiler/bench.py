@@ -11,7 +11,9 @@ Procedure (torch-free):
 5. measure: for each repeat, for each prompt, every configuration in turn (ar first), so machine drift
    hits them alike; each generation's stats become a record; tqdm shows progress and the ETA;
 6. summarise (aggregate.py) and write report.json, report.md and the plots (report.py).
-Ctrl-C during step 5 stops measuring; what was measured is summarised and written with "partial": true.
+Each generation is also appended to REPORT/records.jsonl as it is measured (journal.py), so a run that is
+killed loses nothing and `--resume` continues it. Ctrl-C during step 5 stops measuring; what was measured
+is summarised and written with "partial": true.
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class BenchSettings:
     bandwidth_mb: int = 256
     verify: str = "fast"
     progress: bool = True
+    resume: bool = False
     command: str = ""
 
     def configs(self) -> list[tuple[str, int]]:
@@ -199,28 +202,32 @@ def record(res, repeat: int, prompt, key: tuple, rss_mb: float) -> dict:
     return rec
 
 
-def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dict], None] | None = None):
-    """Interleaved measurement. Returns (records, partial); Ctrl-C ends it early with partial=True."""
+def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dict], None] | None = None,
+            done: list[dict] | None = None):
+    """Interleaved measurement, skipping the generations in `done` (a resumed run's records, which head the
+    returned list). Returns (records, partial); Ctrl-C ends it early with partial=True."""
     from tqdm import tqdm
 
+    from edgespec.profile.journal import record_key
     from edgespec.profile.machine import peak_rss_mb, reset_peak_rss
 
-    keys = list(decoders)
-    bar = tqdm(total=s.repeats * len(encoded) * len(keys), desc="bench", unit="gen", disable=not s.progress,
-               dynamic_ncols=True, file=sys.stderr)
-    records: list[dict] = []
+    measured = {record_key(r) for r in done or []}
+    todo = [(rep, i, key) for rep in range(s.repeats) for i in range(len(encoded)) for key in decoders
+            if (rep, encoded[i][0].id, *key) not in measured]
+    bar = tqdm(total=len(todo), desc="bench", unit="gen", disable=not s.progress, dynamic_ncols=True,
+               file=sys.stderr)
+    records: list[dict] = list(done or [])
     try:
-        for rep in range(s.repeats):
-            for i, (prompt, ids) in enumerate(encoded):
-                seed = None if s.temperature == 0 else s.seed + 100_003 * rep + i
-                for key in keys:
-                    bar.set_postfix_str(f"rep {rep + 1} {prompt.id} {key[0]} g={key[1]}", refresh=False)
-                    reset_peak_rss()
-                    res = _generate(decoders[key], ids, s, s.max_new_tokens, seed)
-                    records.append(record(res, rep, prompt, key, peak_rss_mb()))
-                    bar.update(1)
-                    if hook is not None:
-                        hook(records[-1])
+        for rep, i, key in todo:
+            prompt, ids = encoded[i]
+            seed = None if s.temperature == 0 else s.seed + 100_003 * rep + i
+            bar.set_postfix_str(f"rep {rep + 1} {prompt.id} {key[0]} g={key[1]}", refresh=False)
+            reset_peak_rss()
+            res = _generate(decoders[key], ids, s, s.max_new_tokens, seed)
+            records.append(record(res, rep, prompt, key, peak_rss_mb()))
+            bar.update(1)
+            if hook is not None:
+                hook(records[-1])
     except KeyboardInterrupt:
         bar.close()
         print(f"edgespec: interrupted: writing the {len(records)} generation(s) measured so far (partial)",
@@ -242,11 +249,15 @@ def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> d
     from edgespec.profile.machine import read_bandwidth
     from edgespec.runtime.bundle import Bundle
 
+    from edgespec.profile import journal
+
     t0 = time.time()
     check_settings(s)
     out = check_report_dir(s.report)
     prompts = select_prompts(s)
     bundle = Bundle.load(s.bundle, verify=s.verify)
+    fp = journal.fingerprint(s, manifest_sha256(s.bundle))
+    done = journal.read(out, fp) if s.resume else None
     configs = s.configs()
     decoders = decoder_family(bundle, configs, s)
     encoded, skipped = encode_prompts(decoders[("ar", 0)], prompts, s)
@@ -254,18 +265,33 @@ def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> d
         print(f"edgespec: warning: {len(skipped)} prompt(s) skipped (prompt + max_new_tokens over the context)",
               file=sys.stderr)
     bandwidth = read_bandwidth(s.bandwidth_mb)
+    log = journal.Journal(out, fp, done)
+    if done:                     # a resumed run may have been given fewer prompts or repeats: keep those records
+        plan = {(rep, p.id, *key) for rep in range(s.repeats) for p, _ in encoded for key in decoders}
+        done = [r for r in done if journal.record_key(r) in plan]
+
+    def keep(rec: dict) -> None:
+        log.append(rec)
+        if hook is not None:
+            hook(rec)
     try:
         if s.warmup:
             warm_up(decoders, encoded[0][1], s)
     except KeyboardInterrupt:
-        print("edgespec: interrupted during the warm-up: nothing measured (partial)", file=sys.stderr)
-        records, partial = [], True
+        print("edgespec: interrupted during the warm-up: nothing new measured (partial)", file=sys.stderr)
+        records, partial = list(done or []), True
     else:
-        records, partial = measure(decoders, encoded, s, hook)
+        records, partial = measure(decoders, encoded, s, keep, done)
+    finally:
+        log.close()
+    if done:
+        print(f"edgespec: resumed: {len(done)} generation(s) from the journal, {len(records) - len(done)} measured "
+              "now", file=sys.stderr)
     gbs = bandwidth["gbs"] if bandwidth else None
     runs = summarise(records, configs, bundle.manifest, gbs)
     doc = R.build_report(s, bundle, runs, records, bandwidth, partial, [p.id for p, _ in encoded], skipped,
                          time.time() - t0)
+    doc["resumed_generations"] = len(done or [])
     R.write_report(doc, out, progress=s.progress)
     return doc
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 BENCH_EPILOG = """\
 outputs in REPORT/: report.json (schema: docs/report-schema.md), report.md, speedup_mbsu.png,
-acceptance_by_category.png. Ctrl-C writes what was measured so far, marked "partial": true.
+acceptance_by_category.png, and records.jsonl (every generation, written as measured). Ctrl-C writes what
+was measured so far, marked "partial": true; --resume continues a run that was interrupted or killed.
 
 examples:
   edgespec bench --bundle bundles/qwen-coder --prompts humaneval --split test --limit 20 \\
@@ -74,6 +75,8 @@ def register_bench(subparsers) -> None:
     p.add_argument("--verify", choices=["full", "fast", "none"], default="fast", help="bundle hash check (default fast)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", type=Path, required=True, metavar="OUT", help="report directory")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run journaled in OUT/records.jsonl (same settings; --limit/--repeats may grow)")
     p.set_defaults(func=run_bench)
 
 
@@ -86,7 +89,8 @@ def bench_settings(args):
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, ep=args.ep, draft_ep=args.draft_ep, threads=args.threads, draft_threads=args.draft_threads,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, options=parse_options(args.strategy_option),
-        bandwidth_mb=args.bandwidth_mb, verify=args.verify, progress=not args.quiet, command=_command())
+        bandwidth_mb=args.bandwidth_mb, verify=args.verify, progress=not args.quiet, resume=args.resume,
+        command=_command())
 
 
 def run_bench(args) -> int:

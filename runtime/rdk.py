@@ -76,15 +76,66 @@ class RdkTaylor:
     def from_columns(self, col_probs: np.ndarray, target_ids: np.ndarray, unique: bool,
                      out: np.ndarray) -> np.ndarray:
         """The same p_Taylor from q' given sparsely: probabilities `col_probs` at `target_ids`."""
-        theta = float(np.dot(self.prior[target_ids], col_probs))
-        in_t = col_probs * self.scale[target_ids]         # N q'_i / (N + p_i) on the kept ids
-        z = float(in_t.sum()) + self.beta * theta * self.shift_sum
-        np.multiply(self.shift, self.beta * theta / z, out=out)
-        if unique:
-            out[target_ids] += in_t / z
-        else:
-            np.add.at(out, target_ids, in_t / z)
+        return self.for_columns(target_ids).distribution(col_probs, out)
+
+    def for_columns(self, target_ids: np.ndarray) -> "KeptTaylor":
+        """Eq. 3 bound to a fixed kept set (the bundle's target ids): the per-id gathers done once."""
+        return KeptTaylor(self, np.asarray(target_ids, dtype=np.intp))
+
+
+class KeptTaylor:
+    """p_Taylor for q' supported on fixed target ids (one per kept column; ids may repeat).
+
+    Per step: theta and the normaliser from the K' kept entries, then ONE dense pass over N
+    (out = c * shift) and a scatter of the K' in-intersection terms. The gathers prior[ids] and
+    scale[ids] are bundle constants, precomputed here. `argmax` is the temperature-0 draft without the
+    dense pass: outside the kept ids p~ is c * shift_i, largest at the (precomputed) outside id of
+    highest prior, so the argmax over N is decided by the K' kept values and that one id."""
+
+    def __init__(self, taylor: RdkTaylor, target_ids: np.ndarray):
+        self.taylor = taylor
+        self.uniq, self.inverse = np.unique(target_ids, return_inverse=True)
+        self.unique = self.uniq.size == target_ids.size
+        self.ids = target_ids if self.unique else self.uniq             # where the kept terms land
+        self.prior_cols = taylor.prior[target_ids]                      # p_i per kept column
+        self.scale_cols = taylor.scale[target_ids]                      # N / (N + p_i) per kept column
+        self.shift_ids = taylor.shift[self.ids]
+        outside = np.ones(taylor.prior.shape[0], dtype=bool)
+        outside[target_ids] = False
+        rest = np.flatnonzero(outside)
+        # np.argmax's tie rule: the lowest id among the largest shift values
+        self.best_outside = int(rest[np.argmax(taylor.shift[rest])]) if rest.size else -1
+        self._in_t = np.empty(target_ids.shape[0], dtype=taylor.prior.dtype)
+
+    def _terms(self, col_probs: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """(in-intersection terms N q'_i / (N + p_i) per id in self.ids, c = beta theta, z)."""
+        t = self.taylor
+        c = t.beta * float(np.dot(self.prior_cols, col_probs))
+        in_t = np.multiply(col_probs, self.scale_cols, out=self._in_t)
+        if not self.unique:
+            in_t = np.bincount(self.inverse, weights=in_t, minlength=self.uniq.size)
+        return in_t, c, float(in_t.sum()) + c * t.shift_sum
+
+    def distribution(self, col_probs: np.ndarray, out: np.ndarray) -> np.ndarray:
+        in_t, c, z = self._terms(col_probs)
+        np.multiply(self.taylor.shift, c / z, out=out)
+        in_t *= 1.0 / z
+        out[self.ids] += in_t
         return out
+
+    def argmax(self, col_probs: np.ndarray) -> int:
+        """argmax over N of `distribution` (same arithmetic, so near-ties resolve the same way)."""
+        in_t, c, z = self._terms(col_probs)
+        in_t *= 1.0 / z
+        kept_vals = self.shift_ids * (c / z)
+        kept_vals += in_t
+        val = float(kept_vals.max())
+        tid = int(self.ids[kept_vals == val].min())            # np.argmax's tie rule: the lowest id
+        if self.best_outside >= 0:
+            out_val = float(self.taylor.shift[self.best_outside] * (c / z))
+            if out_val > val or (out_val == val and self.best_outside < tid):
+                return self.best_outside
+        return tid
 
 
 # --------------------------------------------------------------------------- exact RDK (Algorithm 1)
@@ -217,7 +268,7 @@ DEFAULT_TOL = 1e-3
 @dataclass
 class _RdkState:
     cols: "_strategies.KeptColumns"
-    taylor: RdkTaylor | None = None
+    taylor: "KeptTaylor | None" = None
     affinity: Affinity | None = None
     tol: float = DEFAULT_TOL
     q_kept: np.ndarray | None = None        # [K] buffer (rdk)
@@ -251,8 +302,8 @@ def _prepare_taylor(bundle, options) -> _RdkState:
     prior = np.asarray(bundle.prior, dtype=np.float64)
     if prior.shape != (cols.target_vocab,):
         raise BundleError(f"prior has {prior.shape[0]} entries but the target vocabulary has {cols.target_vocab}")
-    return _RdkState(cols, taylor=RdkTaylor(prior, float(options.get("rdk_beta", 1.0))),
-                     out=np.empty(cols.target_vocab))
+    taylor = RdkTaylor(prior, float(options.get("rdk_beta", 1.0))).for_columns(cols.target_ids)
+    return _RdkState(cols, taylor=taylor, out=np.empty(cols.target_vocab))
 
 
 def _prepare_rdk(bundle, options) -> _RdkState:
@@ -269,8 +320,7 @@ def _prepare_rdk(bundle, options) -> _RdkState:
 
 def _taylor_distribution(state: _RdkState, kept_logits, params, out):
     cols = state.cols
-    return state.taylor.from_columns(_strategies.tli_column_probs(kept_logits, cols, params), cols.target_ids,
-                                     cols.unique, out)
+    return state.taylor.distribution(_strategies.tli_column_probs(kept_logits, cols, params), out)
 
 
 def _rdk_distribution(state: _RdkState, kept_logits, params, out):
@@ -283,7 +333,7 @@ _T1 = _strategies.SamplingParams(temperature=1.0)
 
 def _taylor_greedy(state: _RdkState, kept_logits) -> int:
     """Temperature 0: the argmax of the RDK distribution built at temperature 1."""
-    return int(np.argmax(_taylor_distribution(state, kept_logits, _T1, state.out)))
+    return state.taylor.argmax(_strategies.tli_column_probs(kept_logits, state.cols, _T1))
 
 
 def _rdk_greedy(state: _RdkState, kept_logits) -> int:

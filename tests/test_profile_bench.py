@@ -160,6 +160,40 @@ def test_interrupted_bench_writes_partial_report(tiny_same_bundle, prompts_file,
     assert "PARTIAL" in (tmp_path / "r" / "report.md").read_text()
 
 
+def test_killed_bench_resumes_from_its_journal(tiny_same_bundle, prompts_file, tmp_path):
+    """A run cut off mid-way (and with a half-written last journal line, as after a kill) resumes: only the
+    missing generations are measured, with the same seeds, so the outputs equal an uninterrupted run's."""
+    kw = dict(temperature=1.0, repeats=1, warmup=False)
+    full = run_bench(settings(tiny_same_bundle, prompts_file, tmp_path / "full", **kw))
+    seen = []
+
+    def stop_after_4(record):
+        seen.append(record)
+        if len(seen) == 4:
+            raise KeyboardInterrupt
+
+    run_bench(settings(tiny_same_bundle, prompts_file, tmp_path / "r", **kw), hook=stop_after_4)
+    journal = tmp_path / "r" / "records.jsonl"
+    assert len(journal.read_text().splitlines()) == 1 + 4
+    with open(journal, "a") as f:
+        f.write('{"repeat": 0, "prompt_id": "3", "strat')           # killed mid-write
+    with pytest.raises(BenchError, match="--resume"):                # a fresh run must not overwrite it
+        run_bench(settings(tiny_same_bundle, prompts_file, tmp_path / "r", **kw))
+    with pytest.raises(BenchError, match="temperature"):             # nor may a resume change the settings
+        run_bench(settings(tiny_same_bundle, prompts_file, tmp_path / "r", **{**kw, "temperature": 0.5}, resume=True))
+    new = []
+    doc = run_bench(settings(tiny_same_bundle, prompts_file, tmp_path / "r", **kw, resume=True), hook=new.append)
+    assert doc["partial"] is False and doc["resumed_generations"] == 4
+    assert len(new) == len(full["generations"]) - 4
+    key = lambda g: (g["prompt_id"], g["strategy"], g["draft_length"])       # noqa: E731
+    assert sorted(map(key, doc["generations"])) == sorted(map(key, full["generations"]))
+    want = {key(g): g["output_sha256"] for g in full["generations"]}
+    assert all(want[key(g)] == g["output_sha256"] for g in doc["generations"])
+    assert len(journal.read_text().splitlines()) == 1 + len(full["generations"])
+    with pytest.raises(BenchError, match="does not exist"):
+        run_bench(settings(tiny_same_bundle, prompts_file, tmp_path / "none", **kw, resume=True))
+
+
 # --------------------------------------------------------------------------- bad input
 
 def test_prompts_file_without_usable_prompts(tiny_self_bundle, tmp_path):

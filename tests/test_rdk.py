@@ -47,6 +47,31 @@ def test_taylor_matches_eq3(beta):
                                rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("beta", [0.0, 1.0, 1e3, 1e9])
+@pytest.mark.parametrize("dups", [False, True])
+def test_taylor_greedy_argmax_without_the_dense_pass(beta, dups):
+    """KeptTaylor.argmax (O(K')) is the argmax over all N ids of the dense Eq. 3 distribution."""
+    rng = np.random.default_rng(7)
+    n = 300
+    p = rng.dirichlet(np.full(n, 0.3))
+    p[[5, 17]] = p.max() * 2                       # a tie for the highest prior, possibly outside
+    p /= p.sum()
+    taylor = RdkTaylor(p, beta)
+    for trial in range(40):
+        ids = rng.choice(n, 60, replace=False)
+        if dups:
+            ids = np.concatenate([ids, ids[:10]])
+        probs = rng.dirichlet(np.full(ids.size, 0.05 if trial % 2 else 1.0))
+        if trial % 5 == 0:
+            probs[:] = 1.0 / ids.size              # flat q': ties among kept ids
+        kept = taylor.for_columns(ids)
+        dense = kept.distribution(probs, np.empty(n))
+        q = np.zeros(n)
+        np.add.at(q, ids, probs)
+        np.testing.assert_allclose(dense, _eq3_by_hand(q, p, beta), rtol=1e-10, atol=1e-15)
+        assert kept.argmax(probs) == int(np.argmax(dense))
+
+
 def test_taylor_puts_mass_outside_the_intersection_growing_with_beta():
     rng = np.random.default_rng(2)
     q, p = _tli_and_prior(rng)
