@@ -47,9 +47,8 @@ class RdkTaylor:
     """Eq. 3 with the per-prior constants precomputed and preallocated buffers (no allocation per step).
 
     p~_i = q'_i * N/(N+p_i) + beta theta * p_i/(N+p_i): two constant vectors. q' is zero outside the
-    K' target ids of the kept columns, so `from_columns` computes the same p_Taylor with ONE dense pass
-    over the N ids (out = c * shift) plus O(K') work on the kept ids: theta and the normaliser come from
-    the K' entries and the precomputed sum of shift. `__call__` takes a dense q' (the literal form)."""
+    K' target ids of the kept columns, so `for_columns(ids)` (what the runtime uses) computes the same
+    p_Taylor with ONE dense pass over the N ids. `__call__` takes a dense q' (the literal form)."""
 
     def __init__(self, prior: np.ndarray, beta: float = 1.0, dtype=np.float64):
         prior = np.asarray(prior, dtype=dtype)
@@ -72,11 +71,6 @@ class RdkTaylor:
         out += self._tmp
         out *= 1.0 / out.sum()
         return out
-
-    def from_columns(self, col_probs: np.ndarray, target_ids: np.ndarray, unique: bool,
-                     out: np.ndarray) -> np.ndarray:
-        """The same p_Taylor from q' given sparsely: probabilities `col_probs` at `target_ids`."""
-        return self.for_columns(target_ids).distribution(col_probs, out)
 
     def for_columns(self, target_ids: np.ndarray) -> "KeptTaylor":
         """Eq. 3 bound to a fixed kept set (the bundle's target ids): the per-id gathers done once."""
@@ -106,6 +100,7 @@ class KeptTaylor:
         # np.argmax's tie rule: the lowest id among the largest shift values
         self.best_outside = int(rest[np.argmax(taylor.shift[rest])]) if rest.size else -1
         self._in_t = np.empty(target_ids.shape[0], dtype=taylor.prior.dtype)
+        self._vals = np.empty(self.ids.shape[0], dtype=taylor.prior.dtype)
 
     def _terms(self, col_probs: np.ndarray) -> tuple[np.ndarray, float, float]:
         """(in-intersection terms N q'_i / (N + p_i) per id in self.ids, c = beta theta, z)."""
@@ -127,7 +122,7 @@ class KeptTaylor:
         """argmax over N of `distribution` (same arithmetic, so near-ties resolve the same way)."""
         in_t, c, z = self._terms(col_probs)
         in_t *= 1.0 / z
-        kept_vals = self.shift_ids * (c / z)
+        kept_vals = np.multiply(self.shift_ids, c / z, out=self._vals)
         kept_vals += in_t
         val = float(kept_vals.max())
         tid = int(self.ids[kept_vals == val].min())            # np.argmax's tie rule: the lowest id

@@ -37,13 +37,13 @@ def test_taylor_matches_eq3(beta):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
     # the runtime's sparse form (q' given on the kept ids only) is the same formula
     ids = np.flatnonzero(q)
-    sparse = RdkTaylor(p, beta).from_columns(q[ids], ids, True, np.full_like(q, np.nan))
+    sparse = RdkTaylor(p, beta).for_columns(ids).distribution(q[ids], np.full_like(q, np.nan))
     np.testing.assert_allclose(sparse, want, rtol=1e-12, atol=1e-15)
     dup = np.concatenate([ids, ids[:3]])                 # two kept columns on one target id add up
     halves = np.concatenate([q[ids], np.zeros(3)])
     halves[:3] /= 2
     halves[-3:] = halves[:3]
-    np.testing.assert_allclose(RdkTaylor(p, beta).from_columns(halves, dup, False, np.empty_like(q)), want,
+    np.testing.assert_allclose(RdkTaylor(p, beta).for_columns(dup).distribution(halves, np.empty_like(q)), want,
                                rtol=1e-12, atol=1e-15)
 
 
