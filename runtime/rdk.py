@@ -81,7 +81,7 @@ class KeptTaylor:
     """p_Taylor for q' supported on fixed target ids (one per kept column; ids may repeat).
 
     Per step: theta and the normaliser from the K' kept entries, then ONE dense pass over N
-    (out = c * shift) and a scatter of the K' in-intersection terms. The gathers prior[ids] and
+    (out = c * shift) and a scatter of the K' kept ids' values. The gathers prior[ids] and
     scale[ids] are bundle constants, precomputed here. `argmax` is the temperature-0 draft without the
     dense pass: outside the kept ids p~ is c * shift_i, largest at the (precomputed) outside id of
     highest prior, so the argmax over N is decided by the K' kept values and that one id."""
@@ -113,23 +113,27 @@ class KeptTaylor:
             in_t = np.bincount(self.inverse, weights=in_t, minlength=self.uniq.size)
         return in_t, c, float(in_t.sum()) + c * t.shift_sum
 
-    def distribution(self, col_probs: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def _kept_values(self, col_probs: np.ndarray) -> tuple[np.ndarray, float]:
+        """(p_Taylor on self.ids, c / z): the kept ids' values, and the factor on shift elsewhere."""
         in_t, c, z = self._terms(col_probs)
-        np.multiply(self.taylor.shift, c / z, out=out)
         in_t *= 1.0 / z
-        out[self.ids] += in_t
+        vals = np.multiply(self.shift_ids, c / z, out=self._vals)
+        vals += in_t
+        return vals, c / z
+
+    def distribution(self, col_probs: np.ndarray, out: np.ndarray) -> np.ndarray:
+        vals, k = self._kept_values(col_probs)
+        np.multiply(self.taylor.shift, k, out=out)      # the one dense pass
+        out[self.ids] = vals                            # a scatter over K' (no gather of out)
         return out
 
     def argmax(self, col_probs: np.ndarray) -> int:
-        """argmax over N of `distribution` (same arithmetic, so near-ties resolve the same way)."""
-        in_t, c, z = self._terms(col_probs)
-        in_t *= 1.0 / z
-        kept_vals = np.multiply(self.shift_ids, c / z, out=self._vals)
-        kept_vals += in_t
-        val = float(kept_vals.max())
-        tid = int(self.ids[kept_vals == val].min())            # np.argmax's tie rule: the lowest id
+        """argmax over N of `distribution` (the same values, so ties resolve the same way)."""
+        vals, k = self._kept_values(col_probs)
+        val = float(vals.max())
+        tid = int(self.ids[vals == val].min())                 # np.argmax's tie rule: the lowest id
         if self.best_outside >= 0:
-            out_val = float(self.taylor.shift[self.best_outside] * (c / z))
+            out_val = float(self.taylor.shift[self.best_outside] * k)
             if out_val > val or (out_val == val and self.best_outside < tid):
                 return self.best_outside
         return tid

@@ -44,6 +44,8 @@ class KeptColumns:
     unique: bool                     # no two valid columns share a target id
     neg_mask: np.ndarray             # float32 [K]: 0 on valid columns, -inf elsewhere (greedy argmax)
     options: dict = field(default_factory=dict)
+    uniq_ids: np.ndarray | None = None       # distinct target ids (only when not unique) ...
+    inverse: np.ndarray | None = None        # ... and each valid column's index into them
 
 
 def kept_columns(bundle, options: dict | None = None) -> KeptColumns:
@@ -54,9 +56,12 @@ def kept_columns(bundle, options: dict | None = None) -> KeptColumns:
     if cols.size == 0:
         raise GenerationError("the drafter's kept columns have no target counterpart (empty intersection)")
     neg = np.where(valid, 0.0, -np.inf).astype(np.float32)
+    uniq, inverse = np.unique(tids, return_inverse=True)
+    unique = uniq.size == tids.size
     return KeptColumns(index_map=index_map, valid=valid, valid_cols=cols, target_ids=tids,
-                       target_vocab=int(bundle.target.vocab_size), unique=np.unique(tids).size == tids.size,
-                       neg_mask=neg, options=dict(options or {}))
+                       target_vocab=int(bundle.target.vocab_size), unique=unique, neg_mask=neg,
+                       options=dict(options or {}), uniq_ids=None if unique else uniq,
+                       inverse=None if unique else inverse)
 
 
 def tli_column_probs(kept_logits: np.ndarray, state: KeptColumns, params: SamplingParams) -> np.ndarray:
@@ -77,8 +82,8 @@ def scatter_to_target(col_probs: np.ndarray, state: KeptColumns, out: np.ndarray
     out.fill(0.0)
     if state.unique:
         out[state.target_ids] = col_probs
-    else:
-        np.add.at(out, state.target_ids, col_probs)
+    else:                               # one bincount over K' (np.add.at is several times slower)
+        out[state.uniq_ids] = np.bincount(state.inverse, weights=col_probs, minlength=state.uniq_ids.size)
     return out
 
 

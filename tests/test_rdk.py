@@ -242,3 +242,26 @@ def test_runtime_makes_no_blas_calls():
                 found.append(f"{path.name}:{node.lineno} {node.func.attr}")
     assert len(list(runtime.glob("*.py"))) > 10
     assert not found, found
+
+
+@pytest.mark.parametrize("dups", [False, True])
+def test_tli_adds_up_columns_that_share_a_target_id(dups):
+    """TLI's scatter (bincount over the distinct ids) equals the literal sum over columns."""
+    from types import SimpleNamespace
+
+    from edgespec.runtime import strategies as S
+
+    rng = np.random.default_rng(11)
+    index_map = rng.choice(500, 120, replace=False)
+    index_map[[3, 40]] = -1
+    if dups:
+        index_map[[7, 8, 90]] = index_map[5]                    # e.g. byte-fallback and normal tokens
+    cols = S.kept_columns(SimpleNamespace(index_map=index_map, target=SimpleNamespace(vocab_size=500)))
+    assert cols.unique is not dups
+    logits = rng.normal(size=120).astype(np.float32)
+    q = S.tli_distribution(cols, logits, S.SamplingParams(temperature=0.7), np.full(500, np.nan))
+    x = np.exp(logits[index_map >= 0].astype(np.float64) / 0.7)
+    want = np.zeros(500)
+    for tid, w in zip(index_map[index_map >= 0], x / x.sum()):
+        want[tid] += w
+    np.testing.assert_allclose(q, want, rtol=1e-12, atol=1e-15)
