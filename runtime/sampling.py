@@ -38,7 +38,7 @@ class SamplingParams:
 
 
 def softmax_rows(x: np.ndarray) -> np.ndarray:
-    """In-place softmax over the last axis of a float64 array (-inf entries get probability 0)."""
+    """In-place softmax over the last axis of a float array (-inf entries get probability 0)."""
     x -= x.max(axis=-1, keepdims=True)
     np.exp(x, out=x)
     x /= x.sum(axis=-1, keepdims=True)

@@ -264,4 +264,4 @@ def test_tli_adds_up_columns_that_share_a_target_id(dups):
     want = np.zeros(500)
     for tid, w in zip(index_map[index_map >= 0], x / x.sum()):
         want[tid] += w
-    np.testing.assert_allclose(q, want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(q, want, rtol=1e-6, atol=1e-15)       # the drafter softmax is float32
