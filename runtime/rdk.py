@@ -273,6 +273,7 @@ class _RdkState:
     affinity: Affinity | None = None
     tol: float = DEFAULT_TOL
     q_kept: np.ndarray | None = None        # [K] buffer (rdk)
+    identity: bool = False                  # M = I on the kept columns: rdk is TLI (rdk)
     out: np.ndarray | None = None           # [V_t] buffer (greedy drafts)
 
 
@@ -316,7 +317,15 @@ def _prepare_rdk(bundle, options) -> _RdkState:
         raise BundleError(f"affinity M has shape {m.shape}, expected (kept columns, target vocabulary) = "
                           f"({cols.index_map.shape[0]}, {cols.target_vocab})")
     return _RdkState(cols, affinity=m, tol=float(options.get("rdk_tol", DEFAULT_TOL)),
-                     q_kept=np.zeros(cols.index_map.shape[0]), out=np.empty(cols.target_vocab))
+                     q_kept=np.zeros(cols.index_map.shape[0]), out=np.empty(cols.target_vocab),
+                     identity=_is_identity(m, cols))
+
+
+def _is_identity(m: Affinity, cols) -> bool:
+    """M = I on the kept columns, what calibrate writes when its held-out shrink picks w = 1: every
+    column with a target id has the single entry (that id, 1.0) and the others have none."""
+    return (np.array_equal(np.diff(m.indptr), cols.valid.astype(np.int64))
+            and np.array_equal(m.indices, cols.target_ids) and bool(np.all(m.data == 1.0)))
 
 
 def _taylor_distribution(state: _RdkState, kept_logits, params, out):
@@ -325,6 +334,8 @@ def _taylor_distribution(state: _RdkState, kept_logits, params, out):
 
 
 def _rdk_distribution(state: _RdkState, kept_logits, params, out):
+    if state.identity:          # Algorithm 1 with M = I is TLI (the paper's remark): skip the no-op M^T q'
+        return _strategies.tli_distribution(state.cols, kept_logits, params, out)
     state.q_kept[state.cols.valid_cols] = _strategies.tli_column_probs(kept_logits, state.cols, params)
     return rdk_distribution(state.q_kept, state.affinity, out=out, tol=state.tol)
 
@@ -338,6 +349,8 @@ def _taylor_greedy(state: _RdkState, kept_logits) -> int:
 
 
 def _rdk_greedy(state: _RdkState, kept_logits) -> int:
+    if state.identity:          # argmax of p' = q' over target ids, without the dense row
+        return _strategies.target_argmax(_strategies.tli_column_probs(kept_logits, state.cols, _T1), state.cols)
     return int(np.argmax(_rdk_distribution(state, kept_logits, _T1, state.out)))
 
 

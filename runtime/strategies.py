@@ -94,6 +94,15 @@ def scatter_to_target(col_probs: np.ndarray, state: KeptColumns, out: np.ndarray
     return out
 
 
+def target_argmax(col_probs: np.ndarray, state: KeptColumns) -> int:
+    """argmax over target ids of `scatter_to_target(col_probs)` without building the dense row: the
+    same summed values, and np.argmax's tie rule (lowest id); ids outside the kept set hold 0."""
+    if state.unique:
+        return int(state.target_ids[col_probs == col_probs.max()].min())
+    summed = np.bincount(state.inverse, weights=col_probs, minlength=state.uniq_ids.size)
+    return int(state.uniq_ids[np.argmax(summed)])            # uniq_ids is sorted: first max = lowest id
+
+
 def tli_distribution(state: KeptColumns, kept_logits: np.ndarray, params: SamplingParams,
                      out: np.ndarray) -> np.ndarray:
     """Algorithm 4, line 4: q' = q restricted to T ∩ D and renormalised, as a distribution over target ids."""

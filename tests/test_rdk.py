@@ -94,6 +94,40 @@ def test_rdk_with_identity_is_tli():
     np.testing.assert_allclose(rdk_distribution(q_kept, m), tli, rtol=0, atol=1e-15)
 
 
+@pytest.mark.parametrize("dups", [False, True])
+def test_rdk_strategy_with_identity_m_runs_tli(dups):
+    """What calibrate writes when its shrink picks w = 1: the strategy skips M^T q' (TLI's code), and
+    its distribution and greedy draft equal the general sparse path's; one off-diagonal entry or a
+    weight below 1 sends it back to the general path."""
+    from types import SimpleNamespace
+
+    from edgespec.runtime import rdk as R, strategies as S
+
+    rng = np.random.default_rng(5)
+    v, k = 300, 90
+    index_map = rng.choice(v, k, replace=False)
+    index_map[[4, 50]] = -1
+    if dups:
+        index_map[[10, 11]] = index_map[12]
+    m = Affinity.identity(index_map, v)
+    bundle = SimpleNamespace(index_map=index_map, target=SimpleNamespace(vocab_size=v), affinity=m)
+    state = R._prepare_rdk(bundle, {})
+    assert state.identity
+    general = R._RdkState(state.cols, affinity=m, tol=0.0, q_kept=np.zeros(k), out=np.empty(v))
+    for t in range(20):
+        logits = (rng.normal(size=k) * (1 + t % 4)).astype(np.float32)
+        q = R._rdk_distribution(state, logits, S.SamplingParams(temperature=0.8), np.full(v, np.nan))
+        want = R._rdk_distribution(general, logits, S.SamplingParams(temperature=0.8), np.empty(v))
+        np.testing.assert_allclose(q, want, rtol=1e-12, atol=1e-15)
+        assert R._rdk_greedy(state, logits) == R._rdk_greedy(general, logits)
+    for data in (np.where(np.arange(m.data.size) == 3, 0.9995, 1.0), m.data):
+        indices = m.indices.copy()
+        if data is m.data:
+            indices[7] = (indices[7] + 1) % v                    # one entry off the diagonal
+        bundle.affinity = Affinity.from_csr(data, indices, m.indptr, m.shape)
+        assert not R._prepare_rdk(bundle, {}).identity
+
+
 def _random_affinity(rng, k, v, max_row):
     lengths = rng.integers(1, max_row + 1, k)
     indptr = np.concatenate([[0], np.cumsum(lengths)])
