@@ -153,6 +153,20 @@ def test_greedy_output_equals_ar(request, which):
                 assert r.stats.accepted > 0                   # the drafter is the target: drafts do land
 
 
+@pytest.mark.parametrize("which", ["same", "self", "hetero"])
+def test_sampled_output_equals_ar_with_the_same_seed(request, which):
+    """Stronger than the distribution test: SLEM emits, position by position, the target's own draw
+    (one uniform per emitted token, as ar), so with one seed it reproduces ar's sampled text exactly.
+    (The 20 x 128 benches found the same on qwen-smollm and qwen-gemma at T=1: 0 of 40 outputs differ.)"""
+    b = Bundle.load(request.getfixturevalue(f"tiny_{which}_bundle"))
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1)
+    dec = SpeculativeDecoder(b, strategy="slem", draft_length=4, threads=1)
+    for seed, (temperature, top_p) in enumerate([(1.0, None), (0.7, 0.9), (1.3, None)]):
+        for p in PROMPTS:
+            kw = dict(max_new_tokens=24, temperature=temperature, top_p=top_p, seed=seed)
+            assert dec.generate(p, **kw).token_ids == ar.generate(p, **kw).token_ids, (seed, p)
+
+
 def _accept_all(gen, logits, proposal):
     """A broken verifier: accepts every proposed token without comparing it with the target's pick."""
     return len(proposal), gen.pick(logits[len(proposal)])
