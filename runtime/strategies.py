@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.sampling import SamplingParams, softmax_rows, top_k_mask, top_p_mask
+from edgespec.runtime.sampling import SamplingParams, top_k_mask, top_p_mask
 
 
 @dataclass
@@ -75,7 +75,8 @@ def tli_column_probs(kept_logits: np.ndarray, state: KeptColumns, params: Sampli
         x /= np.float32(params.temperature)
     if params.top_k is not None:
         top_k_mask(x, int(params.top_k))
-    softmax_rows(x)
+    x -= x.max()                        # softmax: exp in float32, the one normalisation in float64
+    np.exp(x, out=x)
     x = x.astype(np.float64)
     x /= x.sum()
     if params.top_p is not None and params.top_p < 1.0:
