@@ -322,10 +322,11 @@ def _prepare_rdk(bundle, options) -> _RdkState:
 
 
 def _is_identity(m: Affinity, cols) -> bool:
-    """M = I on the kept columns, what calibrate writes when its held-out shrink picks w = 1: every
-    column with a target id has the single entry (that id, 1.0) and the others have none."""
-    return (np.array_equal(np.diff(m.indptr), cols.valid.astype(np.int64))
-            and np.array_equal(m.indices, cols.target_ids) and bool(np.all(m.data == 1.0)))
+    """M is exactly `Affinity.identity` of the kept columns, what calibrate writes when its held-out
+    shrink picks w = 1."""
+    ident = Affinity.identity(cols.index_map, cols.target_vocab)
+    return all(np.array_equal(a, b) for a, b in
+               ((m.indptr, ident.indptr), (m.indices, ident.indices), (m.data, ident.data)))
 
 
 def _taylor_distribution(state: _RdkState, kept_logits, params, out):
