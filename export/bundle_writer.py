@@ -206,8 +206,14 @@ def _is_enospc(exc: BaseException) -> bool:
 
 def export_bundle(target: str, drafter: str, out: str | Path, keep: int | None = None, vocab: str | Path | None = None,
                   pair: str | None = None, progress: bool = True, cache: Path | None = None,
-                  transform: Callable[[Path], dict | None] | None = None, force_external: bool = False) -> Path:
+                  transform: Callable[[Path], dict | None] | None = None, force_external: bool = False,
+                  graph: str | None = None, builder: dict | None = None) -> Path:
     """Export a bundle; returns its path. Raises an EdgespecError (nothing written) on failure.
+
+    `graph` is "builder" (onnxruntime-genai's model builder, export/builder.py), "optimum", or None:
+    the builder wherever it takes both architectures, else optimum (said in one line). `builder`
+    holds the builder's settings: {"target": precision, "drafter": precision, "ep", "accuracy_level",
+    "block_size", "quality_tokens"}; `transform` is the optimum path's quantization hook.
 
     `transform(root)`, if given, runs on the temporary bundle after the export-time checks and before
     hashing (the quantization hook, see export/cli.py); the dict it returns is merged into the manifest."""
@@ -217,9 +223,12 @@ def export_bundle(target: str, drafter: str, out: str | Path, keep: int | None =
     if keep is None and vocab is None:
         raise ExportError("give --keep K (first-K fallback) or --vocab VOCAB.json (from edgespec calibrate)")
     validate_keep(keep)
+    if graph not in (None, "builder", "optimum"):
+        raise ExportError(f"--graph must be builder or optimum, got {graph!r}")
     check_out_dir(out)
     try:
-        return _export_bundle(target, drafter, out, keep, vocab, pair, progress, cache, transform, force_external)
+        return _export_bundle(target, drafter, out, keep, vocab, pair, progress, cache, transform, force_external,
+                              graph, builder)
     except EdgespecError:
         raise
     except OSError as exc:
@@ -231,7 +240,7 @@ def export_bundle(target: str, drafter: str, out: str | Path, keep: int | None =
 
 def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab: str | Path | None,
                    pair: str | None, progress: bool, cache: Path | None, transform=None,
-                   force_external: bool = False) -> Path:
+                   force_external: bool = False, graph: str | None = None, builder: dict | None = None) -> Path:
     from edgespec.export import onnx_export as ox
     from edgespec.export import prune
     from edgespec.export.sources import resolve
@@ -268,11 +277,19 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
             raise ExportError(f"not enough disk space: the export needs about {need / 1e9:.1f} GB under {where}, "
                               f"{free / 1e9:.1f} GB free")
 
-    t_exp = ox.export_model(t_src.hf_dir, t_src.sha256, t_src.name, cache=cache_dir, progress=progress,
+    if graph is None and builder is None and transform is not None:
+        graph = "optimum"            # a library caller's quantization hook is the optimum path's
+    kind = choose_graph(graph, t_src.hf_dir, d_src.hf_dir, progress, force_external, (builder or {}).get("unsupported"))
+    if kind == "builder":
+        t_exp, d_exp, transform = _build_pair(t_src, d_src, builder or {}, cache_dir, progress)
+    else:
+        if (builder or {}).get("optimum_refuses"):
+            raise ExportError(builder["optimum_refuses"])
+        t_exp = ox.export_model(t_src.hf_dir, t_src.sha256, t_src.name, cache=cache_dir, progress=progress,
+                                force_external=force_external)
+        d_exp = t_exp if d_src.sha256 == t_src.sha256 else \
+            ox.export_model(d_src.hf_dir, d_src.sha256, d_src.name, cache=cache_dir, progress=progress,
                             force_external=force_external)
-    d_exp = t_exp if d_src.sha256 == t_src.sha256 else \
-        ox.export_model(d_src.hf_dir, d_src.sha256, d_src.name, cache=cache_dir, progress=progress,
-                        force_external=force_external)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -289,6 +306,52 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
                    f"pruned max |diff| {manifest['checks']['pruned_vs_full_max_abs_diff']:.1e}, "
                    f"target vs torch {manifest['checks']['target_vs_torch_max_abs_diff']:.1e})")
     return out
+
+
+def choose_graph(graph: str | None, t_dir: Path, d_dir: Path, progress: bool, force_external: bool = False,
+                 unsupported: str | None = None) -> str:
+    """"builder" or "optimum" for this pair, said in one line."""
+    from edgespec.export import builder as eb
+
+    reasons = [r for r in (unsupported, eb.unsupported_reason(t_dir), eb.unsupported_reason(d_dir)) if r]
+    if graph == "builder" and reasons:
+        raise ExportError(f"--graph builder: {reasons[0]}")
+    if graph is None and force_external:
+        graph = "optimum"            # the external-data test path is optimum's
+    kind = graph or ("optimum" if reasons else "builder")
+    why = f" ({reasons[0]})" if graph is None and reasons else ""
+    _log(progress, f"graphs: {'onnxruntime-genai model builder (fused, shared KV cache)' if kind == 'builder' else 'optimum'}"
+                   f"{why}")
+    return kind
+
+
+def _build_pair(t_src, d_src, opts: dict, cache_dir: Path, progress: bool):
+    """Builder graphs for both sides at their precisions; the transform checks a quantized target's
+    quality against the fp32 builder graph of the same model."""
+    from edgespec.export import builder as eb
+
+    common = {"ep": opts.get("ep", "cpu"), "accuracy_level": opts.get("accuracy_level"),
+              "block_size": opts.get("block_size"), "cache": cache_dir, "progress": progress}
+    t_prec, d_prec = opts.get("target", "fp32"), opts.get("drafter", "fp32")
+    t_exp = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision=t_prec, **common)
+    d_exp = t_exp if (d_src.sha256, d_prec) == (t_src.sha256, t_prec) else \
+        eb.build_model(d_src.hf_dir, d_src.sha256, d_src.name, precision=d_prec, **common)
+    quality_tokens = int(opts.get("quality_tokens", 512))
+    if t_prec == "fp32" or not quality_tokens or common["ep"] != "cpu":
+        return t_exp, d_exp, None
+    ref = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision="fp32", **common)
+
+    def transform(root: Path) -> dict:
+        from edgespec.export.quality import quality_check
+
+        _log(progress, f"quality check: {t_prec} target vs fp32 on {quality_tokens} held-out tokens")
+        res = quality_check(ref.onnx, root / "target" / "model.onnx", root / "target" / "tokenizer.json",
+                            n_tokens=quality_tokens)
+        _log(progress, f"quantized target: top-1 agreement {res['top1_agreement']:.3f}, mean overlap "
+                       f"{res['mean_overlap']:.3f}")
+        return {"target": {"quantization": {"quality": res}}, "checks": {"quantized_target_quality": res}}
+
+    return t_exp, d_exp, transform
 
 
 def _chmod_default(d: Path) -> None:
@@ -402,8 +465,10 @@ def _write_bundle(root: Path, t_src, d_src, t_exp, d_exp, t_info, d_info, t_tok,
             "vocab_size": info["vocab_size"], "max_position": info["max_position"],
             "tie_word_embeddings": info["tie_word_embeddings"],
             "params": int(exp.meta["params"]), "graph_params": stats["params"],
-            "bytes_per_forward": stats["bytes_per_forward"], "dtype": "float32", "quantization": None,
-            "tokenizer": tok.manifest(), "io": ios[sub],
+            "bytes_per_forward": stats["bytes_per_forward"], "dtype": exp.meta.get("dtype", "float32"),
+            "quantization": _builder_quantization(exp.meta), "tokenizer": tok.manifest(), "io": ios[sub],
+            "graph": exp.meta.get("graph") or {"kind": "optimum", "kv_cache": "copy"},
+            "min_forward_tokens": (exp.meta.get("batch_invariance") or {}).get("min_forward_tokens", 1),
             "export_cache_key": exp.dir.name,
         }
 
@@ -439,6 +504,14 @@ def _write_bundle(root: Path, t_src, d_src, t_exp, d_exp, t_info, d_info, t_tok,
     tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp_manifest, root / MANIFEST)
     return manifest
+
+
+def _builder_quantization(meta: dict) -> dict | None:
+    g = meta.get("graph") or {}
+    if g.get("kind") != "builder" or g.get("precision") in ("fp32", "fp16"):
+        return None
+    return {"scheme": g["precision"], "by": g["builder"], **g.get("options", {}),
+            "batch_invariance": meta.get("batch_invariance")}
 
 
 def _deep_merge(base: dict, upd: dict) -> None:

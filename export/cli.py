@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     g.add_argument("--keep", type=int, metavar="K", help="keep the first K drafter tokens (plain fallback without "
                                                          "calibration data; special tokens are always kept)")
     g.add_argument("--vocab", metavar="VOCAB.json", help="kept vocabulary from `edgespec calibrate`")
+    p.add_argument("--graph", choices=("builder", "optimum"), default=None,
+                   help="how the graphs are made: onnxruntime-genai's model builder (fused attention, shared KV "
+                        "cache; the default wherever it takes the architecture) or optimum (any HF causal LM)")
     p.add_argument("--out", metavar="DIR", help="bundle directory (default: bundles/<pair>)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     q = _quantize_module()
@@ -62,13 +65,12 @@ def run(args) -> int:
     out = args.out or (f"bundles/{pair.name}" if pair else None)
     if not out:
         raise ExportError("give --out DIR")
-    transform = None
-    q = _quantize_module()
-    if q is not None and hasattr(q, "transform_from_args"):
-        transform = q.transform_from_args(args)
     from edgespec.export.bundle_writer import export_bundle
+    from edgespec.export.quantize_bundle import builder_settings, transform_from_args
 
+    builder = builder_settings(args) if args.graph != "optimum" else None
+    transform = transform_from_args(args) if args.graph != "builder" else None
     path = export_bundle(target, drafter, out, keep=keep, vocab=args.vocab, pair=pair.name if pair else None,
-                         progress=not args.quiet, transform=transform)
+                         progress=not args.quiet, transform=transform, graph=args.graph, builder=builder)
     print(path)
     return 0

@@ -68,7 +68,7 @@ def find_head(graph) -> tuple:
     node = producers["logits"]
     path = []
     for _ in range(16):
-        if node.op_type in ("MatMul", "Gemm"):
+        if node.op_type in ("MatMul", "Gemm", "MatMulNBits"):
             break
         if node.op_type not in PASS_THROUGH:
             raise ExportError(f"cannot find the LM head: 'logits' comes from {node.op_type} {node.name!r}")
@@ -81,6 +81,10 @@ def find_head(graph) -> tuple:
     else:
         raise ExportError("cannot find the LM head: chain too long")
     w_name = node.input[1]
+    if node.op_type == "MatMulNBits":      # the builder's quantized head: B [N, blocks, blob], rows = vocab
+        if w_name not in inits:
+            raise ExportError("LM head MatMulNBits weight is not an initializer")
+        return node, inits[w_name], "NBITS", None, None, path
     bias = inits.get(node.input[2]) if node.op_type == "Gemm" and len(node.input) > 2 else None
     if node.op_type == "Gemm":
         attrs = {a.name: a for a in node.attribute}
@@ -122,39 +126,11 @@ def prune_head(src: Path, dst_dir: Path, keep: np.ndarray, index_map: np.ndarray
     model = onnx.load(str(src), load_external_data=False)
     graph = model.graph
     mm, w_init, layout, tp, bias, path = find_head(graph)
-    w = read_tensor(w_init, src.parent)
-    if w.ndim != 2:
-        raise ExportError(f"LM head weight {w_init.name!r} is not 2-D: {w.shape}")
-    vocab = w.shape[1] if layout == "HV" else w.shape[0]
-    hidden = w.shape[0] if layout == "HV" else w.shape[1]
-    if keep.min() < 0 or keep.max() >= vocab:
-        raise ExportError(f"kept ids out of range for a head of {vocab} columns")
+    if layout == "NBITS":
+        hidden, vocab, shared = _prune_nbits(graph, mm, keep, src.parent)
+    else:
+        hidden, vocab, shared = _prune_float(graph, mm, w_init, layout, tp, bias, keep, src.parent)
     k = int(keep.size)
-    # New head [H, K] as a fresh initializer (a tied embedding stays untouched for the Gather).
-    new_w = np.ascontiguousarray(w[:, keep] if layout == "HV" else np.asarray(w[keep, :]).T)
-    del w
-    head = numpy_helper.from_array(new_w.astype(_np_dtype(w_init), copy=False), HEAD_NAME)
-    graph.initializer.append(head)
-    if mm.op_type == "Gemm":
-        # Re-express as Gemm(x, W'[H,K], bias[keep]) with transB=0.
-        for a in list(mm.attribute):
-            if a.name == "transB":
-                mm.attribute.remove(a)
-        mm.input[1] = HEAD_NAME
-        if bias is not None:
-            b = read_tensor(bias, src.parent)
-            nb = numpy_helper.from_array(np.ascontiguousarray(np.asarray(b)[keep]), HEAD_NAME + ".bias")
-            graph.initializer.append(nb)
-            mm.input[2] = nb.name
-    else:
-        mm.input[1] = HEAD_NAME
-    shared = False
-    if tp is not None and not _consumers(graph, tp.output[0]):
-        graph.node.remove(tp)
-    if not _consumers(graph, w_init.name):
-        graph.initializer.remove(w_init)
-    else:
-        shared = True
     # Drop stale shapes on the head path and fix the logits output dimension.
     stale = {mm.output[0], *[o for n in path for o in n.output]}
     for vi in list(graph.value_info):
@@ -185,6 +161,79 @@ def prune_head(src: Path, dst_dir: Path, keep: np.ndarray, index_map: np.ndarray
     return {"layout": layout, "hidden": int(hidden), "vocab": int(vocab), "kept": k, "external_data": external,
             "head_shared_with_embedding": shared, "head_initializer": w_init.name,
             "weight_stats": weight_stats(model), "io": io_names(model)}
+
+
+def _prune_float(graph, mm, w_init, layout, tp, bias, keep: np.ndarray, base: Path) -> tuple[int, int, bool]:
+    """Replace a float head's weight by its kept columns; returns (hidden, vocab, weight still shared)."""
+    from onnx import numpy_helper
+
+    w = read_tensor(w_init, base)
+    if w.ndim != 2:
+        raise ExportError(f"LM head weight {w_init.name!r} is not 2-D: {w.shape}")
+    vocab = w.shape[1] if layout == "HV" else w.shape[0]
+    hidden = w.shape[0] if layout == "HV" else w.shape[1]
+    if keep.min() < 0 or keep.max() >= vocab:
+        raise ExportError(f"kept ids out of range for a head of {vocab} columns")
+    # New head [H, K] as a fresh initializer (a tied embedding stays untouched for the Gather).
+    new_w = np.ascontiguousarray(w[:, keep] if layout == "HV" else np.asarray(w[keep, :]).T)
+    del w
+    head = numpy_helper.from_array(new_w.astype(_np_dtype(w_init), copy=False), HEAD_NAME)
+    graph.initializer.append(head)
+    if mm.op_type == "Gemm":
+        # Re-express as Gemm(x, W'[H,K], bias[keep]) with transB=0.
+        for a in list(mm.attribute):
+            if a.name == "transB":
+                mm.attribute.remove(a)
+        mm.input[1] = HEAD_NAME
+        if bias is not None:
+            b = read_tensor(bias, base)
+            nb = numpy_helper.from_array(np.ascontiguousarray(np.asarray(b)[keep]), HEAD_NAME + ".bias")
+            graph.initializer.append(nb)
+            mm.input[2] = nb.name
+    else:
+        mm.input[1] = HEAD_NAME
+    shared = False
+    if tp is not None and not _consumers(graph, tp.output[0]):
+        graph.node.remove(tp)
+    if not _consumers(graph, w_init.name):
+        graph.initializer.remove(w_init)
+    else:
+        shared = True
+    return int(hidden), int(vocab), shared
+
+
+def _prune_nbits(graph, mm, keep: np.ndarray, base: Path) -> tuple[int, int, bool]:
+    """Keep the rows `keep` of a MatMulNBits head (B [N, blocks, blob], scales, zero points, bias are
+    all indexed by the output column n); each output column is computed on its own, so the kept
+    logits are bitwise those of the full head."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in graph.initializer}
+    attrs = {a.name: a for a in mm.attribute}
+    n, hidden = int(attrs["N"].i), int(attrs["K"].i)
+    if keep.min() < 0 or keep.max() >= n:
+        raise ExportError(f"kept ids out of range for a head of {n} columns")
+    if len(mm.input) > 4 and mm.input[4]:
+        raise ExportError("LM head MatMulNBits with g_idx is not supported")
+    shared = False
+    for slot, suffix in ((1, ""), (2, ".scales"), (3, ".zero_points"), (5, ".bias")):
+        if len(mm.input) <= slot or not mm.input[slot]:
+            continue
+        init = inits.get(mm.input[slot])
+        if init is None:
+            raise ExportError(f"LM head MatMulNBits input {slot} is not an initializer")
+        arr = np.asarray(read_tensor(init, base))
+        rows = arr.reshape(n, -1)[keep].reshape((keep.size,) + arr.shape[1:]) if arr.shape[0] == n \
+            else arr.reshape(n, -1)[keep].reshape(-1)
+        new = numpy_helper.from_array(np.ascontiguousarray(rows), HEAD_NAME + suffix)
+        graph.initializer.append(new)
+        mm.input[slot] = new.name
+        if _consumers(graph, init.name):
+            shared = True
+        else:
+            graph.initializer.remove(init)
+    attrs["N"].i = int(keep.size)
+    return hidden, n, shared
 
 
 def _stream_external(model, src_dir: Path, dst_dir: Path) -> None:
@@ -246,6 +295,10 @@ def weight_stats(onnx_path_or_model) -> dict:
     for n in graph.node:
         for idx, i in enumerate(n.input):
             uses.setdefault(i, []).append((n.op_type, idx))
+    # An initializer read only through a Transpose that only Gathers consume (constant-folded by ORT
+    # into an embedding table) also counts one row.
+    gathered_transposes = {n.input[0] for n in graph.node if n.op_type == "Transpose" and uses.get(n.output[0])
+                           and all(op == "Gather" and idx == 0 for op, idx in uses[n.output[0]])}
     params = 0
     bytes_fwd = 0
     for t in graph.initializer:
@@ -264,6 +317,9 @@ def weight_stats(onnx_path_or_model) -> dict:
         u = uses.get(t.name, [])
         if u and len(t.dims) == 2 and all(op == "Gather" and idx == 0 for op, idx in u):
             bytes_fwd += int(int(t.dims[1]) * itemsize)
+        elif len(t.dims) == 2 and t.name in gathered_transposes:   # the builder's tied table: Gather(W^T) + head
+            others = [x for x in u if x[0] != "Transpose"]
+            bytes_fwd += int(((numel if others else 0) + int(t.dims[0])) * itemsize)
         else:
             bytes_fwd += int(numel * itemsize)
     return {"params": int(params), "bytes_per_forward": int(bytes_fwd)}

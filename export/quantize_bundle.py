@@ -20,7 +20,10 @@ import numpy as np
 from edgespec.errors import ExportError
 from edgespec.export import quantize as q
 
-CHOICES = ("none",) + q.SCHEMES
+CHOICES = ("none",) + q.SCHEMES + ("fp16",)
+# int8 stays on the optimum path: the pinned builder's int8 graph names its head weight *_Q4 but stores
+# *_Q8 (ORT refuses to load it; seen with onnxruntime-genai 0.15.2 on SmolLM2).
+BUILDER_PRECISION = {"none": "fp32", "int4": "int4", "fp16": "fp16"}
 
 
 def add_arguments(p) -> None:
@@ -43,7 +46,30 @@ def add_arguments(p) -> None:
                    help="held-out tokens for the quantized-vs-fp32 target check (0 skips it; default 512)")
 
 
+def builder_settings(args) -> dict:
+    """The model builder's settings from the same flags (export/builder.py). A scheme the builder
+    lacks (int8-dynamic) leaves the optimum path to handle or refuse it."""
+    target = args.quantize_target or args.quantize
+    drafter = args.quantize_drafter or args.quantize
+    out = {"ep": args.quantize_ep, "accuracy_level": args.accuracy_level, "block_size": args.block_size,
+           "quality_tokens": args.quality_tokens}
+    if args.quality_tokens < 0:
+        raise ExportError(f"--quality-tokens must be >= 0, got {args.quality_tokens}")
+    for side, scheme in (("target", target), ("drafter", drafter)):
+        if scheme not in BUILDER_PRECISION:
+            out["unsupported"] = f"{scheme} is not a model-builder precision; use --graph optimum"
+            continue
+        out[side] = BUILDER_PRECISION[scheme]
+        if scheme == "fp16":
+            out["optimum_refuses"] = "fp16 graphs come from the model builder only (--graph builder)"
+    return out
+
+
 def transform_from_args(args):
+    if "fp16" in (args.quantize, args.quantize_target, args.quantize_drafter):
+        if args.graph == "optimum":
+            raise ExportError("fp16 graphs come from the model builder only (--graph builder)")
+        return None          # the builder's precision; the optimum path refuses it in export_bundle
     target = args.quantize_target or args.quantize
     drafter = args.quantize_drafter or args.quantize
     return make_transform(target, drafter, block_size=args.block_size, accuracy_level=args.accuracy_level,

@@ -72,7 +72,7 @@ class SpeculativeDecoder:
             sess, self.drafter_session_info = create_session(
                 bundle.drafter.onnx, ep if draft_ep is None else draft_ep,
                 threads if draft_threads is None else draft_threads, allow_fallback, "drafter")
-            self.drafter = ModelRunner(sess, "drafter", int(dinfo.get("max_position") or 0) or None)
+            self.drafter = ModelRunner(sess, "drafter", int(dinfo.get("max_position") or 0) or None, exact=False)
             self._check_runner(self.drafter, dinfo, bundle.kept, "drafter")
             self._check_constant_outputs()
             self.ctx = drafter_context(bundle)          # token tables: built once per decoder
@@ -322,6 +322,7 @@ class Generation:
     def prefill(self) -> list[int]:
         self._check_current()
         self.target.reset()
+        self.target.reserve(len(self.prompt_ids) + self.max_new_tokens + self.dec.draft_length + 2)
         logits = self.target.forward(self.prompt_ids)[-1]
         self.stats.prefill_ms += self.target.last_ms
         self.stats.target_forwards += 1

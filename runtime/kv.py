@@ -1,13 +1,24 @@
-"""A model runner over one ORT session: feeds by name, keeps the KV cache as NumPy arrays.
+"""A model runner over one ORT session: feeds by name and owns the KV cache.
 
 - `forward(ids)` runs the model on `ids` after everything already cached and returns the logits
-  of those positions, [len(ids), V] (a view into ORT's output; valid until the next forward).
+  of those positions, [len(ids), V] (valid until this runner's next forward).
   With an empty cache this is the prefill: one forward over the whole prompt.
-- The `present.*` outputs become the next call's `past_key_values.*` inputs (no copy on our side).
-- `crop(n)` keeps the first n cached positions: a slice along the sequence axis (axis 2 of
-  [1, kv_heads, seq, head_dim]), never a re-run of the prefix.
-- Each forward's wall time (ms) is added to `time_ms` / `last_ms`, so callers can attribute time
-  without wrapping calls.
+- `crop(n)` keeps the first n cached positions; `reset()` empties the cache.
+- Each forward's wall time (ms) is added to `time_ms` / `last_ms`.
+
+Two KV layouts, chosen from the graph's metadata (`edgespec.kv_cache`, written at export):
+
+- **shared** (builder graphs, GroupQueryAttention): one preallocated buffer per `past_key_values.*`
+  input, [1, kv_heads, capacity, head_dim], bound once through IOBinding as both the past input
+  and the `present.*` output. GQA reads positions [0, length) and writes the new ones in place, so
+  nothing is ever copied: a forward moves only input_ids, the attention mask and the logits, and a
+  rollback (`crop`) is a change of `length`. The buffers live on the EP's device (CPU memory here;
+  CUDA/DirectML OrtValues on a GPU EP), and the logits are bound to host memory, so on a GPU only
+  the logits rows cross the bus. Capacity grows by doubling (one copy of the cache per growth);
+  `reserve(n)` sizes it up front so a generation never grows it.
+- **copy** (optimum graphs): the `present.*` outputs (past + new, concatenated by the graph) become
+  the next call's `past_key_values.*` inputs as NumPy arrays; a crop is a slice, made contiguous
+  at the next forward.
 """
 from __future__ import annotations
 
@@ -22,12 +33,21 @@ _PAST_PREFIX = "past_key_values."
 _PRESENT_PREFIX = "present."
 _ORT_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
                  "tensor(bfloat16)": np.float32}
+KV_KEY = "edgespec.kv_cache"
+MIN_TOKENS_KEY = "edgespec.min_forward_tokens"
+CAPACITY_STEP = 256
+# OrtValue device for an EP's KV buffers; EPs not listed take host memory (ORT copies per run).
+_DEVICE = {"CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml", "ROCMExecutionProvider": "rocm"}
 
 
 class ModelRunner:
-    """Runs a causal LM exported with past inputs (docs/architecture.md, "The target graph")."""
+    """Runs a causal LM exported with past inputs (docs/architecture.md, "The target graph").
 
-    def __init__(self, session, role: str = "model", max_position: int | None = None):
+    `exact=False` (the drafter) skips the 1-token padding a quantized graph asks for: the drafter's
+    logits only steer proposals, verification reads the target's."""
+
+    def __init__(self, session, role: str = "model", max_position: int | None = None, exact: bool = True,
+                 head_dim: int | None = None):
         self.session = session
         self.role = role
         self.max_position = max_position
@@ -47,26 +67,35 @@ class ModelRunner:
             raise BundleError(f"{role} graph has no past_key_values inputs (export with past)")
         self.has_position_ids = "position_ids" in inputs
         shape = inputs[self.past_names[0]].shape          # [batch, kv_heads, past, head_dim]
-        self.kv_heads, self.head_dim = int(shape[1]), int(shape[3])
+        self.kv_heads = int(shape[1])
+        self.head_dim = int(shape[3]) if isinstance(shape[3], int) else int(head_dim or 0)
+        if not self.head_dim:
+            raise BundleError(f"{role} graph has a symbolic KV head dimension and none was given")
         self.kv_dtype = _ORT_TO_NUMPY.get(inputs[self.past_names[0]].type, np.float32)
         self.vocab = session.get_outputs()[outputs.index("logits")].shape[-1]
         self.output_names = ["logits", *self.present_names]
+        meta = getattr(session.get_modelmeta(), "custom_metadata_map", None) or {}
         # A quantized graph may declare that 1-token forwards take another kernel path (MatMulNBits with
         # accuracy_level 4); forward() then pads them so every forward computes the same function.
-        meta = getattr(session.get_modelmeta(), "custom_metadata_map", None) or {}
-        self.min_tokens = max(1, int(meta.get("edgespec.min_forward_tokens", 1)))
+        self.min_tokens = max(1, int(meta.get(MIN_TOKENS_KEY, 1))) if exact else 1
+        self.shared = meta.get(KV_KEY) == "shared"
         self.extra_outputs = [n for n in outputs if n not in self.output_names]
         self.time_ms = 0.0           # totals over the runner's life (callers book per-generation time)
         self.last_ms = 0.0
         self.forwards = 0
         self.tokens_fed = 0
+        self.capacity = 0
+        self.device = _DEVICE.get((session.get_providers() or ["CPUExecutionProvider"])[0], "cpu")
+        self._binding = None
+        self._logits = np.empty((1, 0, 0), np.float32)
         self.reset()
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Empty the cache (the next forward is a prefill)."""
-        empty = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=self.kv_dtype)
-        self.past = [empty] * len(self.past_names)
+        """Empty the cache (the next forward is a prefill). Shared buffers are kept for re-use."""
+        if not self.shared:
+            empty = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=self.kv_dtype)
+            self.past = [empty] * len(self.past_names)
         self.length = 0
 
     def crop(self, n: int) -> None:
@@ -75,8 +104,46 @@ class ModelRunner:
             raise ValueError(f"cannot crop a {self.length}-position cache to {n}")
         if n == self.length:
             return
-        self.past = [p[:, :, :n, :] for p in self.past]
+        if not self.shared:
+            self.past = [p[:, :, :n, :] for p in self.past]
         self.length = n
+
+    def reserve(self, positions: int) -> None:
+        """Make room for `positions` cached positions now (shared layout), so no forward grows the cache."""
+        if self.shared and positions > self.capacity:
+            self._grow(positions)
+
+    def _grow(self, needed: int) -> None:
+        import onnxruntime as ort
+
+        cap = max(needed, 2 * self.capacity, CAPACITY_STEP)
+        cap = -(-cap // CAPACITY_STEP) * CAPACITY_STEP
+        if self.max_position:
+            cap = max(needed, min(cap, self.max_position))
+        shape = (1, self.kv_heads, cap, self.head_dim)
+        old = getattr(self, "_kv", None)
+        if self.device == "cpu":
+            host = [np.zeros(shape, dtype=self.kv_dtype) for _ in self.past_names]
+            if old is not None:
+                for h, o in zip(host, self._host):
+                    h[:, :, :self.length] = o[:, :, :self.length]      # the one copy a growth costs
+            self._host = host
+            self._kv = [ort.OrtValue.ortvalue_from_numpy(h) for h in host]
+        else:
+            kv = []
+            for i in range(len(self.past_names)):
+                h = np.zeros(shape, dtype=self.kv_dtype)
+                if old is not None:
+                    h[:, :, :self.length] = old[i].numpy()[:, :, :self.length]
+                kv.append(ort.OrtValue.ortvalue_from_numpy(h, self.device, 0))
+            self._kv = kv
+        self._mask = np.ones((1, cap), dtype=np.int64)
+        io = self.session.io_binding()
+        for past, present, value in zip(self.past_names, self.present_names, self._kv):
+            io.bind_ortvalue_input(past, value)
+            io.bind_ortvalue_output(present, value)
+        self._binding = io
+        self.capacity = cap
 
     # ------------------------------------------------------------------ running
     def forward(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -89,21 +156,42 @@ class ModelRunner:
             return logits[:flat.size]
         s = len(ids)
         past = self.length
-        feeds = {"input_ids": np.asarray(ids, dtype=np.int64).reshape(1, s),
-                 "attention_mask": np.ones((1, past + s), dtype=np.int64)}
+        input_ids = np.asarray(ids, dtype=np.int64).reshape(1, s)
+        t0 = time.perf_counter()
+        logits = self._run_shared(input_ids, past) if self.shared else self._run_copy(input_ids, past)
+        self.last_ms = (time.perf_counter() - t0) * 1e3
+        self.time_ms += self.last_ms
+        self.forwards += 1
+        self.tokens_fed += s
+        self.length = past + s
+        return logits
+
+    def _run_shared(self, input_ids: np.ndarray, past: int) -> np.ndarray:
+        s = input_ids.shape[1]
+        if past + s > self.capacity:
+            self._grow(past + s)
+        io = self._binding
+        io.bind_cpu_input("input_ids", input_ids)
+        io.bind_cpu_input("attention_mask", self._mask[:, :past + s])
+        if self._logits.shape[1] < s or (s > 16 and self._logits.shape[1] != s):
+            self._logits = np.empty((1, s, self.vocab), dtype=np.float32)  # prefill-sized: not kept
+        out = self._logits[:, :s]
+        io.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        self.session.run_with_iobinding(io)
+        if s > 16:
+            self._logits = np.empty((1, 0, 0), np.float32)
+        return out[0]
+
+    def _run_copy(self, input_ids: np.ndarray, past: int) -> np.ndarray:
+        s = input_ids.shape[1]
+        feeds = {"input_ids": input_ids, "attention_mask": np.ones((1, past + s), dtype=np.int64)}
         if self.has_position_ids:
             feeds["position_ids"] = np.arange(past, past + s, dtype=np.int64).reshape(1, s)
         for name, arr in zip(self.past_names, self.past):
             # A cropped cache is a strided view; ORT needs C-contiguous input (one copy, only after a crop).
             feeds[name] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-        t0 = time.perf_counter()
         out = self.session.run(self.output_names, feeds)
-        self.last_ms = (time.perf_counter() - t0) * 1e3
-        self.time_ms += self.last_ms
-        self.forwards += 1
-        self.tokens_fed += s
         self.past = out[1:]
-        self.length = past + s
         return out[0][0]
 
     def run_extra(self, names: Sequence[str]) -> list[np.ndarray]:

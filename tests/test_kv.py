@@ -23,7 +23,7 @@ def test_crop_and_continue_equals_fresh_run(tiny_same_bundle, side):
     r.forward(ids[:10])
     r.forward(ids[10:16])                  # e.g. 6 drafted tokens...
     r.crop(12)                             # ...of which 2 were accepted
-    assert r.length == 12 and all(p.shape[2] == 12 for p in r.past)
+    assert r.length == 12 and (r.shared or all(p.shape[2] == 12 for p in r.past))
     got = r.forward(ids[12:18]).copy()
     r.reset()
     fresh_full = r.forward(ids[:18]).copy()
@@ -56,3 +56,31 @@ def test_decoder_never_reruns_the_prefix(tiny_same_bundle):
     assert dec.target.tokens_fed - fed0 == st.prompt_tokens + blocks
     assert dec.target.forwards - fw0 == st.target_forwards == 1 + st.verify_forwards
     assert sorted(st.verify_ms_by_k) == sorted({d + 1 for d in st.drafted_per_step})
+
+
+@pytest.mark.parametrize("side", ["target", "drafter"])
+def test_shared_buffer_equals_copying_cache(tiny_same_bundle, side, monkeypatch):
+    """The builder graph's KV buffer, bound once and shared by past and present (crop = a length change,
+    growth by doubling), gives bitwise the logits of the copying path through plain session.run."""
+    import edgespec.runtime.kv as kv
+
+    monkeypatch.setattr(kv, "CAPACITY_STEP", 8)        # grow several times within the sequence
+    b, shared = _runner(tiny_same_bundle, side)
+    assert shared.shared, "builder graphs declare a shared KV cache"
+    _, copying = _runner(tiny_same_bundle, side)
+    copying.shared = False
+    copying.reset()
+    ids = b.target.tokenizer.encode(TEXT * 2).ids
+    steps = [(ids[:10], None), (ids[10:15], 12), (ids[12:13], None), (ids[13:17], 14), (ids[14:30], None),
+             (ids[30:31], 25), (ids[25:40], None)]
+    for chunk, crop in steps:
+        a, c = shared.forward(chunk).copy(), copying.forward(chunk).copy()
+        assert np.array_equal(a, c)
+        if crop is not None:
+            shared.crop(crop)
+            copying.crop(crop)
+    assert shared.length == copying.length == 40 and shared.capacity >= 40
+    shared.reset()
+    copying.reset()
+    assert shared.length == 0
+    assert np.array_equal(shared.forward(ids[:6]), copying.forward(ids[:6]))   # buffers re-used after reset

@@ -129,9 +129,18 @@ def test_quantized_bundle_is_lossless_at_temperature_1(qbundles):
 
 def _initializer_bytes_loaded(path: Path) -> int:
     """Independent count: load the tensors' bytes and sum them; a gathered table counts one row."""
+    import shutil
+    import tempfile
+
+    data = Path(path).with_name("model.onnx.data")
+    if data.is_file() and data.stat().st_nlink > 1:   # hard-linked from the export cache: onnx.load refuses it
+        tmp = Path(tempfile.mkdtemp())
+        shutil.copyfile(path, tmp / "model.onnx")
+        shutil.copyfile(data, tmp / data.name)
+        path = tmp / "model.onnx"
     m = onnx.load(str(path), load_external_data=True)
     gathered = {n.input[i] for n in m.graph.node for i in {"Gather": (0,), "GatherBlockQuantized": (0, 2, 3)}
-                .get(n.op_type, ())}
+                .get(n.op_type, ()) if i < len(n.input)}
     other = {i for n in m.graph.node for k, i in enumerate(n.input)
              if not (n.op_type == "Gather" and k == 0) and not (n.op_type == "GatherBlockQuantized" and k in (0, 2, 3))}
     total = 0
@@ -210,7 +219,7 @@ def test_int8_dynamic(tiny_models, tiny_export_cache, tmp_path):
     dst = tmp_path / "d" / "model.onnx"
     rec = q.quantize_onnx(src, dst, "int8-dynamic")
     assert rec["block_size"] is None and rec["ops"] == ["DynamicQuantizeLinear", "MatMulInteger"]
-    assert _ops(dst)["MatMulInteger"] == 2 * 7 + 1
+    assert _ops(dst)["MatMulInteger"] == _ops(src)["MatMul"]     # every weight MatMul, the head included
     vocab = json.loads((tiny_models["tiny-bl-a"] / "config.json").read_text())["vocab_size"]
     _close_to_float(src, dst, vocab, 0.95)
 

@@ -1,0 +1,225 @@
+"""Fused decoder graphs from onnxruntime-genai's model builder, cached per model and precision.
+
+The builder writes the graph onnxruntime-genai itself runs: GroupQueryAttention with rotary inside,
+SkipSimplifiedLayerNormalization, a packed QKV projection and, for int4/int8, MatMulNBits; ~350
+nodes for a 28-layer model where optimum's export has ~7,000. Its KV cache can be one buffer shared by
+`past_key_values.*` and `present.*` (runtime/kv.py binds it once and never copies it).
+
+`build_model(hf_dir, sha256, precision=...)` runs `python -m onnxruntime_genai.models.builder` in a
+child process (its log goes to a file; a failure raises ExportError with the log's last line and
+leaves nothing in the cache), then:
+- names the symbolic head dimension (`kv_cache_dim`) so every consumer sees static KV shapes;
+- records in the graph's metadata that the KV cache may be shared (`edgespec.kv_cache = shared`);
+- checks the graph against torch on the fixed check input (fp32: judged with optimum's tolerance;
+  quantized graphs: recorded only, their quality is judged against the fp32 graph by the caller).
+
+Pin: onnxruntime-genai 0.15.2 is the newest builder that imports with transformers 4.57 (0.16 and
+later import transformers 5 classes at import time; optimum-onnx needs transformers < 4.58). On
+x86-64 Linux/Windows the `onnxruntime-genai-cuda` wheel is used, because it depends on
+onnxruntime-gpu (the plain wheel would pull the CPU `onnxruntime` over it); its CUDA library is
+loaded only on demand, so it imports on machines without a GPU (docs/export.md).
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from edgespec.errors import ExportError
+from edgespec.export import onnx_export as ox
+from edgespec.hashing import sha256_file
+from edgespec.paths import exports_dir
+
+BUILDER_REVISION = 1         # bump when the build recipe changes: invalidates cached builds
+PRECISIONS = ("fp32", "fp16", "int4", "int8")
+BUILDER_EPS = ("cpu", "cuda", "dml", "webgpu")
+KV_KEY = "edgespec.kv_cache"
+GRAPH_KEY = "edgespec.graph"
+# Text-only causal LMs the pinned builder turns into a decoder graph (builder.py's create_model).
+ARCHITECTURES = frozenset({
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
+    "Gemma2ForCausalLM", "Gemma3ForCausalLM", "PhiForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
+    "OlmoForCausalLM", "NemotronForCausalLM", "SmolLM3ForCausalLM", "Ernie4_5ForCausalLM", "InternLM2ForCausalLM",
+})
+
+
+def builder_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("onnxruntime-genai-cuda", "onnxruntime-genai", "onnxruntime-genai-directml"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def unsupported_reason(hf_dir: Path) -> str | None:
+    """Why the builder cannot take this model (None if it can)."""
+    cfg = json.loads((Path(hf_dir) / "config.json").read_text())
+    arch = (cfg.get("architectures") or ["?"])[0]
+    if arch not in ARCHITECTURES:
+        return f"the model builder does not take architecture {arch}"
+    if builder_version() is None:
+        return "onnxruntime-genai (the model builder) is not installed; pip install 'edgespec[export]'"
+    return None
+
+
+def build_key(source_sha256: str, precision: str, ep: str, options: dict) -> str:
+    blob = json.dumps({"sha256": source_sha256, "graph": "builder", "precision": precision, "ep": ep,
+                       "options": options, "builder": builder_version(), "revision": BUILDER_REVISION},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def build_model(hf_dir: Path, source_sha256: str, name: str = "model", precision: str = "fp32", ep: str = "cpu",
+                accuracy_level: int | None = None, block_size: int | None = None, cache: Path | None = None,
+                progress: bool = True) -> ox.CachedExport:
+    """Build (or reuse) the builder graph of an HF causal LM directory at `precision` for `ep`."""
+    if precision not in PRECISIONS:
+        raise ExportError(f"the model builder has no precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if ep not in BUILDER_EPS:
+        raise ExportError(f"the model builder targets {', '.join(BUILDER_EPS)}, not {ep!r}")
+    reason = unsupported_reason(hf_dir)
+    if reason:
+        raise ExportError(reason)
+    options = {}
+    if precision in ("int4", "int8"):
+        options = {"accuracy_level": accuracy_level if accuracy_level is not None else (4 if ep == "cpu" else 0),
+                   "block_size": block_size or 32}
+    cache = Path(cache) if cache is not None else exports_dir()
+    final = cache / build_key(source_sha256, precision, ep, options)
+    if (final / ox.META).is_file() and (final / "model.onnx").is_file():
+        return ox.CachedExport(final, json.loads((final / ox.META).read_text()))
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=cache))
+    try:
+        meta = _build_into(Path(hf_dir), tmp, name, source_sha256, precision, ep, options, progress)
+        if not final.exists():
+            os.replace(tmp, final)
+        return ox.CachedExport(final, json.loads((final / ox.META).read_text()) if final.exists() else meta)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_builder(hf_dir: Path, out: Path, precision: str, ep: str, options: dict) -> float:
+    work = out / ".builder-cache"
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
+           "-p", precision, "-e", ep, "-c", str(work)]
+    if options:
+        cmd += ["--extra_options", *[f"{k}={v}" for k, v in options.items()]]
+    log = out.parent / f".{out.name}.builder.log"
+    t0 = time.time()
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    try:
+        with open(log, "w") as fh:
+            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
+        if rc != 0 or not (out / "model.onnx").is_file():
+            lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+            last = lines[-1][:240] if lines else "no output"
+            raise ExportError(f"the model builder failed on {hf_dir.name} ({precision}, {ep}; exit {rc}): {last}")
+    finally:
+        log.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return time.time() - t0
+
+
+def _finish_graph(path: Path, head_dim: int, precision: str) -> dict:
+    """Static KV head dim, edgespec metadata; returns op counts."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    for vi in [*model.graph.input, *model.graph.output]:
+        if vi.name.startswith(("past_key_values.", "present.")):
+            dim = vi.type.tensor_type.shape.dim[3]
+            if dim.dim_param:
+                dim.ClearField("dim_param")
+                dim.dim_value = int(head_dim)
+    ops: dict[str, int] = {}
+    for n in model.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    meta = {p.key: p.value for p in model.metadata_props}
+    meta[GRAPH_KEY] = f"builder/{precision}"
+    if ops.get("GroupQueryAttention"):
+        meta[KV_KEY] = "shared"
+    del model.metadata_props[:]
+    for k, v in meta.items():
+        model.metadata_props.add(key=k, value=v)
+    onnx.save_model(model, str(path))
+    return ops
+
+
+def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precision: str, ep: str, options: dict,
+                progress: bool) -> dict:
+    info = ox.model_info(hf_dir)
+    ox._log(progress, f"building {name} with onnxruntime-genai's model builder ({precision}, {ep}); cached for re-use")
+    ids = ox.check_inputs(info["vocab_size"])
+    ref, params = _torch_logits(hf_dir, ids, name)
+    seconds = _run_builder(hf_dir, out, precision, ep, options)
+    for f in list(out.iterdir()):         # keep the graph, its data and the genai config
+        if f.name not in ("model.onnx", ox.DATA_NAME, "genai_config.json"):
+            f.unlink() if f.is_file() else shutil.rmtree(f)
+    ops = _finish_graph(out / "model.onnx", info["head_dim"], precision)
+    invariance = None
+    if precision in ("int4", "int8") and ep == "cpu" and (hf_dir / "tokenizer.json").is_file():
+        from edgespec.export.quantize_bundle import check_batch_invariance
+
+        invariance = check_batch_invariance(out / "model.onnx", hf_dir / "tokenizer.json", progress)
+    check = {"input": {"seed": ox.CHECK_SEED, "prefill": ox.CHECK_PREFILL, "decode": ox.CHECK_DECODE}}
+    if ep == "cpu" and precision != "fp16":
+        sess = ox.ort_session(out / "model.onnx")
+        got = ox.run_prefill_decode(sess, ids)
+        del sess
+        gc.collect()
+        check.update(ox.torch_check(got, ref))
+        if precision != "fp32":      # quantized weights: recorded, judged by the quality check instead
+            check.update({"ok": True, "judged": False})
+    else:                            # a graph for another EP may not run on this machine's CPU EP
+        check.update({"target_vs_torch_max_abs_diff": float("nan"), "ok": True, "judged": False})
+    ox.fix_modes(out)
+    import onnx
+
+    from edgespec.export.prune import weight_stats
+
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    files = {f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size} for f in sorted(out.iterdir())}
+    meta = {"name": name, "source_sha256": source_sha256, "hf_dir": str(hf_dir), "task": ox.TASK,
+            "dtype": "float32" if precision in ("fp32", "int4", "int8") else precision,
+            "graph": {"kind": "builder", "builder": f"onnxruntime-genai {builder_version()}", "precision": precision,
+                      "ep": ep, "options": options, "nodes": int(sum(ops.values())),
+                      "group_query_attention": int(ops.get("GroupQueryAttention", 0)),
+                      "kv_cache": "shared" if ops.get("GroupQueryAttention") else "copy"},
+            "external_data": (out / ox.DATA_NAME).is_file(), "info": info, "params": int(params),
+            "io": ox.io_names(graph), "weight_stats": weight_stats(graph), "versions": ox._versions(),
+            "revision": BUILDER_REVISION, "export_seconds": round(seconds, 1), "check": check, "batch_invariance": invariance, "files": files}
+    (out / ox.META).write_text(json.dumps(meta, indent=2) + "\n")
+    diff = check.get("target_vs_torch_max_abs_diff")
+    ox._log(progress, f"built {name} in {seconds:.0f} s: {meta['graph']['nodes']} nodes, "
+                      f"{meta['graph']['group_query_attention']} GroupQueryAttention; ORT vs torch max |diff| {diff:.2e}")
+    return meta
+
+
+def _torch_logits(hf_dir: Path, ids, name: str):
+    """Reference logits of the HF model on the check input, and its parameter count (torch freed after)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    except Exception as exc:
+        raise ExportError(f"cannot load model {name} from {hf_dir}: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200]}") from exc
+    params = sum(p.numel() for p in model.parameters())
+    ref = ox._torch_reference(model, ids)
+    del model
+    gc.collect()
+    return ref, params
