@@ -25,9 +25,8 @@ from pathlib import Path
 def genai_dir(target_dir: Path, threads: int, scratch: Path) -> Path:
     cfg = json.loads((target_dir / "genai_config.json").read_text())
     so = cfg["model"]["decoder"].setdefault("session_options", {})
+    # Its own defaults otherwise (0.15.2's config has no entry for ORT's spinning switch).
     so.update({"intra_op_num_threads": threads, "inter_op_num_threads": 1})
-    if threads > 1:
-        so["config_entries"] = {"session.intra_op.allow_spinning": "0"}
     for f in target_dir.iterdir():
         if f.name != "genai_config.json":
             os.symlink(f.resolve(), scratch / f.name)
@@ -39,7 +38,8 @@ def peer_generate(og, model, ids: list[int], n: int) -> tuple[list[int], float]:
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(ids) + n, do_sample=False)
     gen = og.Generator(model, params)
-    gen.append_tokens(ids)                 # prefill + first token
+    gen.append_tokens(ids)                 # the prefill (get_next_tokens() would still be the last prompt id)
+    gen.generate_next_token()
     out = [int(gen.get_next_tokens()[0])]
     t0 = time.perf_counter()
     while len(out) < n and not gen.is_done():

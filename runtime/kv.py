@@ -43,11 +43,12 @@ _DEVICE = {"CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml", "ROCM
 class ModelRunner:
     """Runs a causal LM exported with past inputs (docs/architecture.md, "The target graph").
 
+    `kv="copy"` forces the copying layout on a graph that allows sharing (for comparisons).
     `exact=False` (the drafter) skips the 1-token padding a quantized graph asks for: the drafter's
     logits only steer proposals, verification reads the target's."""
 
     def __init__(self, session, role: str = "model", max_position: int | None = None, exact: bool = True,
-                 head_dim: int | None = None):
+                 head_dim: int | None = None, kv: str = "auto"):
         self.session = session
         self.role = role
         self.max_position = max_position
@@ -78,7 +79,9 @@ class ModelRunner:
         # A quantized graph may declare that 1-token forwards take another kernel path (MatMulNBits with
         # accuracy_level 4); forward() then pads them so every forward computes the same function.
         self.min_tokens = max(1, int(meta.get(MIN_TOKENS_KEY, 1))) if exact else 1
-        self.shared = meta.get(KV_KEY) == "shared"
+        if kv not in ("auto", "copy"):
+            raise ValueError(f"kv must be 'auto' or 'copy', got {kv!r}")
+        self.shared = kv == "auto" and meta.get(KV_KEY) == "shared"
         self.extra_outputs = [n for n in outputs if n not in self.output_names]
         self.time_ms = 0.0           # totals over the runner's life (callers book per-generation time)
         self.last_ms = 0.0

@@ -87,8 +87,9 @@ def default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
-def session_options(threads: int | None = None):
-    """SessionOptions with our thread policy: n threads, spinning off when n > 1, one inter-op thread."""
+def session_options(threads: int | None = None, spinning: bool = False):
+    """SessionOptions with our thread policy: n threads, spinning off when n > 1 (unless `spinning`: a
+    process with ONE session, where no other session's threads compete for the cores), one inter-op thread."""
     ort = _ort()
     n = default_threads() if threads is None else int(threads)
     if n < 1:
@@ -99,7 +100,7 @@ def session_options(threads: int | None = None):
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = QUIET
-    if n > 1:
+    if n > 1 and not spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 
@@ -115,13 +116,13 @@ class SessionInfo:
 
 
 def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu", threads: int | None = None,
-                   allow_fallback: bool = False, role: str = "model"):
+                   allow_fallback: bool = False, role: str = "model", spinning: bool = False):
     """(InferenceSession, SessionInfo). Raises EPError if the requested EP is not active (unless allow_fallback)."""
     ort = _ort()
     providers = resolve_providers(ep)
     names = [n for n, _ in providers]
     only_cpu = all(n == CPU for n in names)
-    so = session_options(threads)
+    so = session_options(threads, spinning)
     ort.set_default_logger_severity(QUIET if only_cpu else SILENT)
     try:
         sess = ort.InferenceSession(str(model_path), sess_options=so, providers=[(n, o) for n, o in providers])

@@ -67,9 +67,7 @@ def test_shared_buffer_equals_copying_cache(tiny_same_bundle, side, monkeypatch)
     monkeypatch.setattr(kv, "CAPACITY_STEP", 8)        # grow several times within the sequence
     b, shared = _runner(tiny_same_bundle, side)
     assert shared.shared, "builder graphs declare a shared KV cache"
-    _, copying = _runner(tiny_same_bundle, side)
-    copying.shared = False
-    copying.reset()
+    copying = ModelRunner(shared.session, side, kv="copy")
     ids = b.target.tokenizer.encode(TEXT * 2).ids
     steps = [(ids[:10], None), (ids[10:15], 12), (ids[12:13], None), (ids[13:17], 14), (ids[14:30], None),
              (ids[30:31], 25), (ids[25:40], None)]

@@ -1,0 +1,87 @@
+"""Builder graphs (onnxruntime-genai's model builder, export/builder.py): what export makes by default,
+the one-line fallback to optimum, and failures that leave nothing behind."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from edgespec.cli import main
+from edgespec.errors import ExportError
+from edgespec.export import builder as eb
+from edgespec.export.bundle_writer import export_bundle
+from edgespec.runtime import Bundle, SpeculativeDecoder
+
+
+def _graph(path, side):
+    return json.loads((path / "manifest.json").read_text())[side]["graph"]
+
+
+@pytest.mark.parametrize("side", ["target", "drafter"])
+def test_default_export_is_fused_with_a_shared_kv_cache(tiny_same_bundle, side):
+    import onnx
+
+    g = _graph(tiny_same_bundle, side)
+    m = onnx.load(str(tiny_same_bundle / side / "model.onnx"), load_external_data=False)
+    ops = [n.op_type for n in m.graph.node]
+    assert g["kind"] == "builder" and g["kv_cache"] == "shared" and g["ep"] == "cpu"
+    assert ops.count("GroupQueryAttention") == g["group_query_attention"] == 2   # one per layer
+    # the manifest counts the built graph; pruning adds the two constant outputs to the drafter
+    assert len(ops) == g["nodes"] + (2 if side == "drafter" else 0) < 1000
+    meta = {p.key: p.value for p in m.metadata_props}
+    assert meta["edgespec.kv_cache"] == "shared" and meta["edgespec.graph"] == "builder/fp32"
+    if side == "drafter":      # the pruned head's constant outputs survive on the builder graph
+        assert {"index_map", "draft_ids"} <= {o.name for o in m.graph.output}
+
+
+def test_unsupported_architecture_falls_back_to_optimum_in_one_line(tiny_models, tiny_export_cache, tmp_path,
+                                                                    monkeypatch, capsys):
+    monkeypatch.setattr(eb, "ARCHITECTURES", frozenset())
+    out = tmp_path / "b"
+    export_bundle(str(tiny_models["tiny-bl-a"]), str(tiny_models["tiny-bl-b"]), out, keep=100,
+                  cache=tiny_export_cache, progress=True)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "graphs:" in ln]
+    assert err == ["edgespec: graphs: optimum (the model builder does not take architecture LlamaForCausalLM)"]
+    assert _graph(out, "target") == {"kind": "optimum", "kv_cache": "copy"}
+    # an optimum bundle (today's format) still runs, on the copying cache
+    dec = SpeculativeDecoder(Bundle.load(out), strategy="tli", draft_length=3, threads=1)
+    assert not dec.target.shared
+    assert dec.generate("def f(x):", max_new_tokens=8).token_ids == \
+        dec.variant("ar").generate("def f(x):", max_new_tokens=8).token_ids
+
+
+def test_graph_builder_refuses_an_unsupported_architecture(tiny_models, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(eb, "ARCHITECTURES", frozenset())
+    rc = main(["export", "--target", str(tiny_models["tiny-bl-a"]), "--drafter", str(tiny_models["tiny-bl-b"]),
+               "--keep", "100", "--graph", "builder", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("edgespec: error: --graph builder: the model builder does not take") \
+        and "\n" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_builder_failure_leaves_no_half_written_bundle(tiny_models, tmp_path, monkeypatch):
+    """A real builder run that fails (weights missing): one-line ExportError, no bundle, no temp dirs."""
+    broken = tmp_path / "hf-broken"
+    shutil.copytree(tiny_models["tiny-bl-a"], broken)
+    (broken / "model.safetensors").unlink()
+    monkeypatch.setattr(eb, "_torch_logits", lambda hf_dir, ids, name: (np.zeros((1, 16, 8), np.float32), 0))
+    cache, out = tmp_path / "cache", tmp_path / "out" / "bundle"
+    with pytest.raises(ExportError, match=r"the model builder failed on hf-broken \(fp32, cpu; exit \d+\)") as e:
+        export_bundle(str(broken), str(broken), out, keep=100, cache=cache, progress=False)
+    assert "\n" not in str(e.value)
+    assert not out.exists() and (not out.parent.exists() or not list(out.parent.iterdir()))
+    assert not [p for p in cache.rglob("*") if ".tmp-" in p.name or p.name.endswith(".builder.log")]
+
+
+def test_builder_settings_from_flags():
+    import argparse
+
+    from edgespec.export import quantize_bundle as qb
+
+    ns = argparse.Namespace(quantize="int4", quantize_target=None, quantize_drafter="fp16", quantize_ep="cpu",
+                            accuracy_level=None, block_size=32, quality_tokens=0)
+    s = qb.builder_settings(ns)
+    assert s["target"] == "int4" and s["drafter"] == "fp16" and "unsupported" not in s
+    ns.quantize = "int8-dynamic"
+    assert "not a model-builder precision" in qb.builder_settings(ns)["unsupported"]
