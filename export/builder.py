@@ -80,8 +80,8 @@ def build_key(source_sha256: str, precision: str, ep: str, options: dict) -> str
 
 
 def build_model(hf_dir: Path, source_sha256: str, name: str = "model", precision: str = "fp32", ep: str = "cpu",
-                accuracy_level: int | None = None, block_size: int | None = None, cache: Path | None = None,
-                progress: bool = True) -> ox.CachedExport:
+                accuracy_level: int | None = None, block_size: int | None = None, algo: str | None = None,
+                cache: Path | None = None, progress: bool = True) -> ox.CachedExport:
     """Build (or reuse) the builder graph of an HF causal LM directory at `precision` for `ep`."""
     if precision not in PRECISIONS:
         raise ExportError(f"the model builder has no precision {precision!r}; use one of {', '.join(PRECISIONS)}")
@@ -94,6 +94,8 @@ def build_model(hf_dir: Path, source_sha256: str, name: str = "model", precision
     if precision in ("int4", "int8"):
         options = {"accuracy_level": accuracy_level if accuracy_level is not None else (4 if ep == "cpu" else 0),
                    "block_size": block_size or 32}
+        if algo:
+            options["algo_config"] = algo
     cache = Path(cache) if cache is not None else exports_dir()
     final = cache / build_key(source_sha256, precision, ep, options)
     if (final / ox.META).is_file() and (final / "model.onnx").is_file():

@@ -332,10 +332,11 @@ def _build_pair(t_src, d_src, opts: dict, cache_dir: Path, progress: bool):
 
     common = {"ep": opts.get("ep", "cpu"), "accuracy_level": opts.get("accuracy_level"),
               "block_size": opts.get("block_size"), "cache": cache_dir, "progress": progress}
+    algo = opts.get("algo")
     t_prec, d_prec = opts.get("target", "fp32"), opts.get("drafter", "fp32")
-    t_exp = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision=t_prec, **common)
+    t_exp = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision=t_prec, algo=algo, **common)
     d_exp = t_exp if (d_src.sha256, d_prec) == (t_src.sha256, t_prec) else \
-        eb.build_model(d_src.hf_dir, d_src.sha256, d_src.name, precision=d_prec, **common)
+        eb.build_model(d_src.hf_dir, d_src.sha256, d_src.name, precision=d_prec, algo=algo, **common)
     quality_tokens = int(opts.get("quality_tokens", 512))
     if t_prec == "fp32" or not quality_tokens or common["ep"] != "cpu":
         return t_exp, d_exp, None

@@ -42,6 +42,9 @@ def add_arguments(p) -> None:
                         "per forward, some quality loss")
     g.add_argument("--quantize-ep", default="cpu", metavar="EP",
                    help="execution provider the quantized bundle is for; refused if it lacks the kernels (default cpu)")
+    g.add_argument("--int4-algo", choices=("rtn", "k_quant", "rtn_last", "k_quant_last", "k_quant_mixed"), default=None,
+                   help="builder graphs: onnxruntime's weight-quantization method (default: the builder's RTN); *_last "
+                        "keeps the LM head in int8, k_quant_mixed also the most sensitive layers (docs/fast-path.md)")
     g.add_argument("--quality-tokens", type=int, default=512, metavar="N",
                    help="held-out tokens for the quantized-vs-fp32 target check (0 skips it; default 512)")
 
@@ -52,7 +55,7 @@ def builder_settings(args) -> dict:
     target = args.quantize_target or args.quantize
     drafter = args.quantize_drafter or args.quantize
     out = {"ep": args.quantize_ep, "accuracy_level": args.accuracy_level, "block_size": args.block_size,
-           "quality_tokens": args.quality_tokens}
+           "quality_tokens": args.quality_tokens, "algo": getattr(args, "int4_algo", None)}
     if args.quality_tokens < 0:
         raise ExportError(f"--quality-tokens must be >= 0, got {args.quality_tokens}")
     for side, scheme in (("target", target), ("drafter", drafter)):

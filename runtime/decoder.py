@@ -59,10 +59,7 @@ class SpeculativeDecoder:
         strat = get_strategy(strategy)
         _check_draft_length(draft_length)
         tinfo = bundle.target.info
-        # A lone target session may spin its idle threads (2 threads, Qwen-1.5B int4: 41.7 vs 48.3 ms a step);
-        # beside a drafter session spinning threads steal the cores from each other (docs/fast-path.md).
-        sess, self.target_session_info = create_session(bundle.target.onnx, ep, threads, allow_fallback, "target",
-                                                        spinning=not strat.uses_drafter)
+        sess, self.target_session_info = create_session(bundle.target.onnx, ep, threads, allow_fallback, "target")
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
         self.drafter = None

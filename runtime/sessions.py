@@ -11,12 +11,12 @@ session we compare `session.get_providers()` with the request: if the first requ
 active we raise EPError naming what is active and what this build offers, unless
 `allow_fallback=True`, in which case we warn and record the fallback (it ends up in the stats).
 
-Threads (docs/runtime.md, "Threads"): ORT's default of all cores with spinning is the slowest setting
-on the 2-core box (FACTS.md), and spinning threads also steal the CPU from the *other* session of
-the pair right after each run. Our default is min(cores, 4) intra-op threads with spinning off:
-on the loaded 2-core box 2 threads (no spin) matched 1 thread on SmolLM2 (93 vs 94 ms per decode
-step, interleaved medians), and on an idle one FACTS.md measured it 20-23% faster on the Qwen models.
-An explicit `threads=n` uses n threads, with spinning off whenever n > 1.
+Threads (docs/runtime.md, "Threads"; docs/fast-path.md): min(cores, 4) intra-op threads that spin
+while a run lasts and stop spinning when it returns (`session.force_spinning_stop`). ORT's default
+(spinning that goes on after the run) lets the idle session's threads steal the cores from the other
+session of the pair (Qwen-1.5B int4 + 0.5B, 2 threads: `tli` 11.9 tok/s); spinning off costs a
+thread wake-up per node (20.7 tok/s); spinning with a forced stop gave 24.5 tok/s in the same setting.
+An explicit `threads=n` uses n threads.
 """
 from __future__ import annotations
 
@@ -87,9 +87,9 @@ def default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
-def session_options(threads: int | None = None, spinning: bool = False):
-    """SessionOptions with our thread policy: n threads, spinning off when n > 1 (unless `spinning`: a
-    process with ONE session, where no other session's threads compete for the cores), one inter-op thread."""
+def session_options(threads: int | None = None):
+    """SessionOptions with our thread policy: n intra-op threads that spin only while a run lasts
+    (`session.force_spinning_stop`), one inter-op thread."""
     ort = _ort()
     n = default_threads() if threads is None else int(threads)
     if n < 1:
@@ -100,8 +100,12 @@ def session_options(threads: int | None = None, spinning: bool = False):
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = QUIET
-    if n > 1 and not spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if n > 1:
+        # Spinning between the ~300 nodes of a forward saves a thread wake-up per node (Qwen-0.5B int4
+        # drafter: 13 vs 21 ms a step); stopping it when Run() returns keeps idle threads from stealing
+        # the cores from the other session of the pair (docs/fast-path.md, "Threads").
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     return so
 
 
@@ -116,13 +120,13 @@ class SessionInfo:
 
 
 def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu", threads: int | None = None,
-                   allow_fallback: bool = False, role: str = "model", spinning: bool = False):
+                   allow_fallback: bool = False, role: str = "model"):
     """(InferenceSession, SessionInfo). Raises EPError if the requested EP is not active (unless allow_fallback)."""
     ort = _ort()
     providers = resolve_providers(ep)
     names = [n for n, _ in providers]
     only_cpu = all(n == CPU for n in names)
-    so = session_options(threads, spinning)
+    so = session_options(threads)
     ort.set_default_logger_severity(QUIET if only_cpu else SILENT)
     try:
         sess = ort.InferenceSession(str(model_path), sess_options=so, providers=[(n, o) for n, o in providers])
