@@ -92,7 +92,9 @@ def test_unknown_ep_in_decoder(tiny_self_bundle):
 def test_thread_options():
     so = session_options(2)
     assert so.intra_op_num_threads == 2
-    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    # threads spin during a run and stop when it returns (no stealing from the other session)
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert so.get_session_config_entry("session.force_spinning_stop") == "1"
     assert session_options(1).intra_op_num_threads == 1
     with pytest.raises(EPError):
         session_options(0)
