@@ -185,7 +185,7 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
         if precision != "fp32":      # quantized weights: recorded, judged by the quality check instead
             check.update({"ok": True, "judged": False})
     else:                            # a graph for another EP may not run on this machine's CPU EP
-        check.update({"target_vs_torch_max_abs_diff": float("nan"), "ok": True, "judged": False})
+        check.update({"target_vs_torch_max_abs_diff": None, "ok": True, "judged": False})
     ox.fix_modes(out)
     import onnx
 
@@ -204,8 +204,9 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
             "revision": BUILDER_REVISION, "export_seconds": round(seconds, 1), "check": check, "batch_invariance": invariance, "files": files}
     (out / ox.META).write_text(json.dumps(meta, indent=2) + "\n")
     diff = check.get("target_vs_torch_max_abs_diff")
+    diff = "not run" if diff is None else f"{diff:.2e}"
     ox._log(progress, f"built {name} in {seconds:.0f} s: {meta['graph']['nodes']} nodes, "
-                      f"{meta['graph']['group_query_attention']} GroupQueryAttention; ORT vs torch max |diff| {diff:.2e}")
+                      f"{meta['graph']['group_query_attention']} GroupQueryAttention; ORT vs torch max |diff| {diff}")
     return meta
 
 

@@ -85,3 +85,21 @@ def test_builder_settings_from_flags():
     assert s["target"] == "int4" and s["drafter"] == "fp16" and "unsupported" not in s
     ns.quantize = "int8-dynamic"
     assert "not a model-builder precision" in qb.builder_settings(ns)["unsupported"]
+
+
+def test_fp16_graph_for_a_gpu_ep(tiny_models, tmp_path, capsys):
+    """`--quantize fp16 --quantize-ep cuda`: the builder's fp16 CUDA graph, recorded as such; it is not run
+    on this CPU EP (the pruned head is checked through its constant outputs instead)."""
+    out = tmp_path / "fp16"
+    rc = main(["export", "--target", str(tiny_models["tiny-bl-a"]), "--drafter", str(tiny_models["tiny-bl-b"]),
+               "--keep", "100", "--quantize", "fp16", "--quantize-ep", "cuda", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    m = json.loads((out / "manifest.json").read_text())
+    for side in ("target", "drafter"):
+        assert m[side]["graph"]["precision"] == "fp16" and m[side]["graph"]["ep"] == "cuda"
+        assert m[side]["dtype"] == "fp16"
+    assert m["checks"]["pruned_vs_full_max_abs_diff"] is None and m["checks"]["constant_outputs_ok"]
+    assert "pruned drafter not run: its graph is fp16 for cuda" in capsys.readouterr().err
+    rc = main(["export", "--target", str(tiny_models["tiny-bl-a"]), "--drafter", str(tiny_models["tiny-bl-b"]),
+               "--keep", "100", "--quantize", "fp16", "--graph", "optimum", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "fp16 graphs come from the model builder only" in capsys.readouterr().err
