@@ -2,7 +2,7 @@
 model: top-1 agreement and mean overlap on held-out text (export/quality.py), plus the graph's size and
 its 1-token and 3-token forward times (2 threads) from one interleaved run.
 
-    python benchmarks/int4_quality.py --model qwen2.5-coder-1.5b --algos default,k_quant,rtn_last,k_quant_last \
+    python benchmarks/int4_quality.py --model qwen2.5-coder-1.5b --algos rtn,k_quant,rtn_last \
         [--tokens 512] [--json out/int4-quality.json]
 
 Builds are cached like export's (a second run only measures).
@@ -35,7 +35,7 @@ def step_ms(path: Path, k: int, threads: int = 2, n: int = 10) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--algos", default="default,k_quant,rtn_last,k_quant_last")
+    ap.add_argument("--algos", default="rtn,k_quant,rtn_last")
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -47,8 +47,7 @@ def main(argv=None) -> int:
     ref = eb.build_model(src.hf_dir, src.sha256, src.name, precision="fp32")
     rows = []
     for algo in args.algos.split(","):
-        exp = eb.build_model(src.hf_dir, src.sha256, src.name, precision="int4",
-                             algo=None if algo == "default" else algo)
+        exp = eb.build_model(src.hf_dir, src.sha256, src.name, precision="int4", algo=algo)
         q = quality_check(ref.onnx, exp.onnx, src.hf_dir / "tokenizer.json", n_tokens=args.tokens)
         data = sum(f["bytes"] for f in exp.meta["files"].values())
         row = {"algo": algo, "top1_agreement": q["top1_agreement"], "mean_overlap": q["mean_overlap"],

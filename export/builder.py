@@ -39,6 +39,7 @@ from edgespec.paths import exports_dir
 
 BUILDER_REVISION = 1         # bump when the build recipe changes: invalidates cached builds
 PRECISIONS = ("fp32", "fp16", "int4", "int8")
+DEFAULT_INT4_ALGO = "k_quant"
 BUILDER_EPS = ("cpu", "cuda", "dml", "webgpu")
 KV_KEY = "edgespec.kv_cache"
 GRAPH_KEY = "edgespec.graph"
@@ -94,8 +95,9 @@ def build_model(hf_dir: Path, source_sha256: str, name: str = "model", precision
     if precision in ("int4", "int8"):
         options = {"accuracy_level": accuracy_level if accuracy_level is not None else (4 if ep == "cpu" else 0),
                    "block_size": block_size or 32}
-        if algo:
-            options["algo_config"] = algo
+        # k_quant by default: on Qwen2.5-Coder-1.5B it agreed with fp32 on 0.871 of held-out top-1 tokens
+        # against RTN's 0.857, at the same step time (docs/fast-path.md, "int4 methods").
+        options["algo_config"] = algo or DEFAULT_INT4_ALGO
     cache = Path(cache) if cache is not None else exports_dir()
     final = cache / build_key(source_sha256, precision, ep, options)
     if (final / ox.META).is_file() and (final / "model.onnx").is_file():

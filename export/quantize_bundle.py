@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
     g.add_argument("--quantize-ep", default="cpu", metavar="EP",
                    help="execution provider the quantized bundle is for; refused if it lacks the kernels (default cpu)")
     g.add_argument("--int4-algo", choices=("rtn", "k_quant", "rtn_last", "k_quant_last", "k_quant_mixed"), default=None,
-                   help="builder graphs: onnxruntime's weight-quantization method (default: the builder's RTN); *_last "
+                   help="builder graphs: onnxruntime's weight-quantization method (default k_quant; rtn is the builder's own default); *_last "
                         "keeps the LM head in int8, k_quant_mixed also the most sensitive layers (docs/fast-path.md)")
     g.add_argument("--quality-tokens", type=int, default=512, metavar="N",
                    help="held-out tokens for the quantized-vs-fp32 target check (0 skips it; default 512)")
