@@ -36,12 +36,12 @@ from edgespec.errors import ExportError
 from edgespec.export import onnx_export as ox
 from edgespec.hashing import sha256_file
 from edgespec.paths import exports_dir
+from edgespec.runtime.kv import KV_KEY
 
 BUILDER_REVISION = 1         # bump when the build recipe changes: invalidates cached builds
 PRECISIONS = ("fp32", "fp16", "int4", "int8")
 DEFAULT_INT4_ALGO = "k_quant"
 BUILDER_EPS = ("cpu", "cuda", "dml", "webgpu")
-KV_KEY = "edgespec.kv_cache"
 GRAPH_KEY = "edgespec.graph"
 # Text-only causal LMs the pinned builder turns into a decoder graph (builder.py's create_model).
 ARCHITECTURES = frozenset({

@@ -19,6 +19,7 @@ import numpy as np
 
 from edgespec.errors import ExportError
 from edgespec.export import quantize as q
+from edgespec.runtime.kv import MIN_TOKENS_KEY
 
 CHOICES = ("none",) + q.SCHEMES + ("fp16",)
 # int8 stays on the optimum path: the pinned builder's int8 graph names its head weight *_Q4 but stores
@@ -170,7 +171,6 @@ def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens
     return update
 
 
-MIN_TOKENS_KEY = "edgespec.min_forward_tokens"
 
 
 def check_batch_invariance(onnx_path: Path, tokenizer_json: Path, progress: bool) -> dict:

@@ -176,8 +176,8 @@ class ModelRunner:
         io = self._binding
         io.bind_cpu_input("input_ids", input_ids)
         io.bind_cpu_input("attention_mask", self._mask[:, :past + s])
-        if self._logits.shape[1] < s or (s > 16 and self._logits.shape[1] != s):
-            self._logits = np.empty((1, s, self.vocab), dtype=np.float32)  # prefill-sized: not kept
+        if s > 16 or self._logits.shape[1] < s:     # a prefill-sized buffer is not kept (see below)
+            self._logits = np.empty((1, s, self.vocab), dtype=np.float32)
         out = self._logits[:, :s]
         io.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         self.session.run_with_iobinding(io)
