@@ -223,8 +223,8 @@ def _prune_nbits(graph, mm, keep: np.ndarray, base: Path) -> tuple[int, int, boo
         if init is None:
             raise ExportError(f"LM head MatMulNBits input {slot} is not an initializer")
         arr = np.asarray(read_tensor(init, base))
-        rows = arr.reshape(n, -1)[keep].reshape((keep.size,) + arr.shape[1:]) if arr.shape[0] == n \
-            else arr.reshape(n, -1)[keep].reshape(-1)
+        rows = arr.reshape(n, -1)[keep]           # [N, ...] or flat [N * blocks]: keep the layout
+        rows = rows.reshape((keep.size,) + arr.shape[1:]) if arr.shape[0] == n else rows.reshape(-1)
         new = numpy_helper.from_array(np.ascontiguousarray(rows), HEAD_NAME + suffix)
         graph.initializer.append(new)
         mm.input[slot] = new.name

@@ -25,6 +25,12 @@ CHOICES = ("none",) + q.SCHEMES + ("fp16",)
 # int8 stays on the optimum path: the pinned builder's int8 graph names its head weight *_Q4 but stores
 # *_Q8 (ORT refuses to load it; seen with onnxruntime-genai 0.15.2 on SmolLM2).
 BUILDER_PRECISION = {"none": "fp32", "int4": "int4", "fp16": "fp16"}
+FP16_BUILDER_ONLY = "fp16 graphs come from the model builder only (--graph builder)"
+
+
+def _schemes(args) -> tuple[str, str]:
+    """(target scheme, drafter scheme) from --quantize and its per-side overrides."""
+    return args.quantize_target or args.quantize, args.quantize_drafter or args.quantize
 
 
 def add_arguments(p) -> None:
@@ -53,8 +59,7 @@ def add_arguments(p) -> None:
 def builder_settings(args) -> dict:
     """The model builder's settings from the same flags (export/builder.py). A scheme the builder
     lacks (int8-dynamic) leaves the optimum path to handle or refuse it."""
-    target = args.quantize_target or args.quantize
-    drafter = args.quantize_drafter or args.quantize
+    target, drafter = _schemes(args)
     out = {"ep": args.quantize_ep, "accuracy_level": args.accuracy_level, "block_size": args.block_size,
            "quality_tokens": args.quality_tokens, "algo": getattr(args, "int4_algo", None)}
     if args.quality_tokens < 0:
@@ -65,17 +70,16 @@ def builder_settings(args) -> dict:
             continue
         out[side] = BUILDER_PRECISION[scheme]
         if scheme == "fp16":
-            out["optimum_refuses"] = "fp16 graphs come from the model builder only (--graph builder)"
+            out["optimum_refuses"] = FP16_BUILDER_ONLY
     return out
 
 
 def transform_from_args(args):
     if "fp16" in (args.quantize, args.quantize_target, args.quantize_drafter):
         if args.graph == "optimum":
-            raise ExportError("fp16 graphs come from the model builder only (--graph builder)")
+            raise ExportError(FP16_BUILDER_ONLY)
         return None          # the builder's precision; the optimum path refuses it in export_bundle
-    target = args.quantize_target or args.quantize
-    drafter = args.quantize_drafter or args.quantize
+    target, drafter = _schemes(args)
     return make_transform(target, drafter, block_size=args.block_size, accuracy_level=args.accuracy_level,
                           ep=args.quantize_ep, embedding=args.quantize_embedding,
                           quality_tokens=args.quality_tokens, progress=not getattr(args, "quiet", False))

@@ -90,6 +90,8 @@ class ModelRunner:
         self.capacity = 0
         self.device = _DEVICE.get((session.get_providers() or ["CPUExecutionProvider"])[0], "cpu")
         self._binding = None
+        self._kv: list | None = None     # shared layout: one OrtValue per past input (and _host, its arrays on CPU)
+        self._host: list = []
         self._logits = np.empty((1, 0, 0), np.float32)
         self.reset()
 
@@ -124,7 +126,7 @@ class ModelRunner:
         if self.max_position:
             cap = max(needed, min(cap, self.max_position))
         shape = (1, self.kv_heads, cap, self.head_dim)
-        old = getattr(self, "_kv", None)
+        old = self._kv
         if self.device == "cpu":
             host = [np.zeros(shape, dtype=self.kv_dtype) for _ in self.past_names]
             if old is not None:
