@@ -4,7 +4,7 @@ Subpackages (each in its own top-level folder, mapped in pyproject.toml):
   edgespec.runtime    torch-free ORT + NumPy decoder (Bundle, SpeculativeDecoder)
   edgespec.export     model sources and ONNX bundle export (needs the [export] extra)
   edgespec.calibrate  token counts, kept vocabulary, samplers' priors
-  edgespec.profile    benchmarks, MBSU, reports
+  edgespec.profiler    benchmarks, MBSU, reports
   edgespec.models     model and pair recipes (TOML)
 """
 from edgespec.errors import EdgespecError

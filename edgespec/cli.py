@@ -15,7 +15,7 @@ _COMMAND_MODULES = [
     "edgespec.export.cli",      # export
     "edgespec.runtime.cli",     # generate
     "edgespec.calibrate.cli",   # calibrate
-    "edgespec.profile.cli",     # bench, study, demo-report
+    "edgespec.profiler.cli",     # bench, study, demo-report
 ]
 
 

@@ -9,7 +9,7 @@ report is self-consistent: mbsu_time == tau / (c_time * draft_length + 1) holds 
 """
 from __future__ import annotations
 
-from edgespec.profile import mbsu as M
+from edgespec.profiler import mbsu as M
 
 # summarised per repeat, reported as the median over repeats with a [min, max] spread
 MEDIAN_FIELDS = ("acceptance_rate", "tau", "tokens_per_s", "speedup", "ttft_ms", "tpot_ms", "draft_step_ms",

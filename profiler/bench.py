@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from edgespec.profile.errors import BenchError
+from edgespec.profiler.errors import BenchError
 
 RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms", "draft_ms",
                 "verify_ms", "overhead_ms", "sampler_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted",
@@ -208,8 +208,8 @@ def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dic
     returned list). Returns (records, partial); Ctrl-C ends it early with partial=True."""
     from tqdm import tqdm
 
-    from edgespec.profile.journal import record_key
-    from edgespec.profile.machine import peak_rss_mb, reset_peak_rss
+    from edgespec.profiler.journal import record_key
+    from edgespec.profiler.machine import peak_rss_mb, reset_peak_rss
 
     measured = {record_key(r) for r in done or []}
     todo = [(rep, i, key) for rep in range(s.repeats) for i in range(len(encoded)) for key in decoders
@@ -244,12 +244,12 @@ def warm_up(decoders: dict, ids: list[int], s: BenchSettings) -> None:
 
 def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> dict:
     """Run the whole benchmark and write the report; returns the report document."""
-    from edgespec.profile import report as R
-    from edgespec.profile.aggregate import summarise
-    from edgespec.profile.machine import read_bandwidth
+    from edgespec.profiler import report as R
+    from edgespec.profiler.aggregate import summarise
+    from edgespec.profiler.machine import read_bandwidth
     from edgespec.runtime.bundle import Bundle
 
-    from edgespec.profile import journal
+    from edgespec.profiler import journal
 
     t0 = time.time()
     check_settings(s)

@@ -81,7 +81,7 @@ def register_bench(subparsers) -> None:
 
 
 def bench_settings(args):
-    from edgespec.profile.bench import BenchSettings, parse_options
+    from edgespec.profiler.bench import BenchSettings, parse_options
 
     return BenchSettings(
         bundle=args.bundle, report=args.report, prompts=args.prompts, split=args.split, categories=args.category,
@@ -94,8 +94,8 @@ def bench_settings(args):
 
 
 def run_bench(args) -> int:
-    from edgespec.profile.bench import run_bench as bench
-    from edgespec.profile.report import lossless_line, table
+    from edgespec.profiler.bench import run_bench as bench
+    from edgespec.profiler.report import lossless_line, table
 
     doc = bench(bench_settings(args))
     print(table(doc))
@@ -109,7 +109,7 @@ def run_bench(args) -> int:
 def register_study(subparsers) -> None:
     p = subparsers.add_parser("study", help="offline studies (acceptance recovery under vocabulary pruning)")
     sub = p.add_subparsers(dest="study", metavar="STUDY", required=True)
-    from edgespec.profile.study_cli import register_acceptance
+    from edgespec.profiler.study_cli import register_acceptance
 
     register_acceptance(sub, _csv, _float_list, _command)
 
@@ -117,7 +117,7 @@ def register_study(subparsers) -> None:
 # --------------------------------------------------------------------------- demo
 
 def register_demo(subparsers) -> None:
-    from edgespec.profile.demo import register_demo as reg
+    from edgespec.profiler.demo import register_demo as reg
 
     reg(subparsers, _csv, _int_list)
 

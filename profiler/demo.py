@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from edgespec.profile.errors import BenchError
+from edgespec.profiler.errors import BenchError
 
 STATE = "demo-state.json"
 
@@ -122,7 +122,7 @@ def run_demo(args) -> int:
 
 
 def _print_summary(report: Path, times: dict, total_s: float) -> None:
-    from edgespec.profile.report import lossless_line, table
+    from edgespec.profiler.report import lossless_line, table
 
     doc = json.loads((report / "report.json").read_text())
     print(table(doc))

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from edgespec.profile.errors import BenchError
+from edgespec.profiler.errors import BenchError
 
 NAME = "records.jsonl"
 FORMAT = "edgespec-bench-records"
@@ -22,7 +22,7 @@ FINGERPRINT_KEYS = ("prompts", "split", "categories", "strategies", "draft_lengt
 
 
 def fingerprint(settings, manifest_sha256: str) -> dict:
-    from edgespec.profile.bench import settings_dict
+    from edgespec.profiler.bench import settings_dict
 
     d = settings_dict(settings)
     return {"bundle_manifest_sha256": manifest_sha256, **{k: d[k] for k in FINGERPRINT_KEYS}}

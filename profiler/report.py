@@ -18,8 +18,8 @@ GENERATION_FIELDS = ("repeat", "prompt_id", "category", "strategy", "draft_lengt
 
 
 def bundle_summary(bundle) -> dict:
-    from edgespec.profile import mbsu as M
-    from edgespec.profile.bench import manifest_sha256
+    from edgespec.profiler import mbsu as M
+    from edgespec.profiler.bench import manifest_sha256
 
     m = bundle.manifest
 
@@ -40,8 +40,8 @@ def bundle_summary(bundle) -> dict:
 
 
 def build_report(settings, bundle, runs, records, bandwidth, partial, used, skipped, elapsed_s) -> dict:
-    from edgespec.profile.bench import settings_dict
-    from edgespec.profile.machine import machine_info, versions
+    from edgespec.profiler.bench import settings_dict
+    from edgespec.profiler.machine import machine_info, versions
 
     machine = machine_info()
     machine["stream_read_gbs"] = bandwidth["gbs"] if bandwidth else None

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.profile.errors import StudyError
+from edgespec.profiler.errors import StudyError
 
 CHUNK = 32
 DEFAULT_KEPT = [1, 2, 5, 10, 25, 50, 75, 100]
@@ -234,7 +234,7 @@ def calibration_pass(models, texts, target_fn, drafter_fn, cfg: StudyConfig) -> 
 
 def heldout_pass(models, texts, target_fn, drafter_fn, cal: Calibration, cfg: StudyConfig) -> tuple[list, int]:
     """Running sums of alpha per (sampler, kept level); returns (rows, positions)."""
-    from edgespec.profile.study_samplers import attach_samplers, level_alphas, make_level, taylor_samplers
+    from edgespec.profiler.study_samplers import attach_samplers, level_alphas, make_level, taylor_samplers
     from edgespec.runtime.rdk import DEFAULT_TOL
 
     d2t = np.asarray(models.d2t, dtype=np.int64)
@@ -267,7 +267,7 @@ def heldout_pass(models, texts, target_fn, drafter_fn, cal: Calibration, cfg: St
 
 def vocabtrim_view(rows: list[dict], manifest: dict | None, gamma: int) -> None:
     """Adds expected tau (i.i.d. acceptance) and MBSU(c_params at that K) for every row, in place."""
-    from edgespec.profile import mbsu as M
+    from edgespec.profiler import mbsu as M
 
     target_params = None if manifest is None else (manifest["target"].get("graph_params")
                                                   or manifest["target"].get("params"))
@@ -282,7 +282,7 @@ def vocabtrim_view(rows: list[dict], manifest: dict | None, gamma: int) -> None:
 
 def run_study(cfg: StudyConfig) -> dict:
     from edgespec.calibrate.models import resolve_models
-    from edgespec.profile import study_report
+    from edgespec.profiler import study_report
 
     t0 = time.time()
     check_config(cfg)

@@ -55,8 +55,8 @@ def register_acceptance(sub, csv_list, float_list, command) -> None:
 
 
 def run(args, command) -> int:
-    from edgespec.profile.study import StudyConfig, run_study
-    from edgespec.profile.study_report import table
+    from edgespec.profiler.study import StudyConfig, run_study
+    from edgespec.profiler.study_report import table
 
     cfg = StudyConfig(out=args.out, bundle=args.bundle, pair=args.pair, target=args.target, drafter=args.drafter,
                       prompts=None if args.text else args.prompts, text=args.text, kept_percent=args.kept,

@@ -10,8 +10,8 @@ import pytest
 
 from edgespec.cli import main
 from edgespec.errors import EdgespecError, EPError, GenerationError
-from edgespec.profile.bench import BenchSettings, decoder_family, run_bench
-from edgespec.profile.errors import BenchError
+from edgespec.profiler.bench import BenchSettings, decoder_family, run_bench
+from edgespec.profiler.errors import BenchError
 from edgespec.runtime import Bundle
 
 RUN_FIELDS = ("strategy", "draft_length", "acceptance_rate", "tau", "tokens_per_s", "speedup", "ttft_ms", "tpot_ms",
@@ -69,7 +69,7 @@ def test_bench_cli_report_is_consistent(tiny_self_bundle, prompts_file, tmp_path
     assert "Greedy outputs identical to ar, token for token, in all 16 generations" in (out / "report.md").read_text()
     broken = json.loads(json.dumps(doc))
     broken["runs"][1]["outputs_differing_from_ar"] = 1
-    from edgespec.profile.report import lossless_line
+    from edgespec.profiler.report import lossless_line
     assert lossless_line(broken).startswith("**LOSSLESS CHECK FAILED**: greedy outputs differing from ar: tli γ=1: 1")
     manifest = json.loads((Path(tiny_self_bundle) / "manifest.json").read_text())
     t_bpf, d_bpf = manifest["target"]["bytes_per_forward"], manifest["drafter"]["bytes_per_forward"]
@@ -125,7 +125,7 @@ def test_variant_decoders_match_fresh_ones(tiny_hetero_bundle):
 
 def test_strategy_rows_with_their_own_options(tiny_self_bundle, prompts_file, tmp_path):
     """`NAME:KEY=VALUE` makes a row of its own: its options reach only that row's decoder."""
-    from edgespec.profile.bench import parse_strategy
+    from edgespec.profiler.bench import parse_strategy
 
     assert parse_strategy("rdk-taylor:rdk_beta=1000:rdk_tol=0.5") == ("rdk-taylor", {"rdk_beta": 1000, "rdk_tol": 0.5})
     assert parse_strategy("tli:draft_probability=auto") == ("tli", {"draft_probability": "auto"})
@@ -265,7 +265,7 @@ def test_bench_smollm_self(smollm_self_bundle, tmp_path):
 def test_demo_steps_are_reused_until_inputs_or_outputs_change(tmp_path):
     import subprocess
 
-    from edgespec.profile.demo import Steps
+    from edgespec.profiler.demo import Steps
 
     made = tmp_path / "made"
     made.write_text("x")

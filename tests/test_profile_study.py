@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from edgespec.cli import main
-from edgespec.profile.errors import StudyError
-from edgespec.profile.study import StudyConfig, run_study
-from edgespec.profile.study_samplers import attach_samplers, level_alphas, make_level, taylor_samplers
+from edgespec.profiler.errors import StudyError
+from edgespec.profiler.study import StudyConfig, run_study
+from edgespec.profiler.study_samplers import attach_samplers, level_alphas, make_level, taylor_samplers
 
 
 @pytest.fixture(autouse=True)
