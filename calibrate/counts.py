@@ -27,10 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from edgespec.hashing import sha256_file
 import numpy as np
+from tqdm import tqdm
 
 from edgespec.errors import CalibrationError
+from edgespec.hashing import sha256_file
+from edgespec.runtime.reencode import ByteEncoder, continuation_tokenizer
+from edgespec.runtime.vocab import token_table
 
 CHUNK_CHARS = 1 << 16          # target size of one tokenised chunk
 BATCH_CHARS = 1 << 20          # characters tokenised per encode_batch call
@@ -155,40 +158,6 @@ def chunk_lines(lines: Iterable[str], chunk_chars: int | None = None) -> Iterato
         yield "".join(buf)
 
 
-def continuation_tokenizer(tokenizer):
-    """A copy of the tokenizer for chunks that continue a document: no SentencePiece-style prefix
-    space (Metaspace prepend_scheme, Prepend normalizer), which the whole text has only at its start.
-    The tokenizer itself when it has none."""
-    from tokenizers import Tokenizer
-
-    data = json.loads(tokenizer.to_str())
-    changed = False
-
-    def fix(node):
-        nonlocal changed
-        if isinstance(node, dict):
-            if node.get("type") == "Metaspace":
-                if node.get("prepend_scheme") in ("first", "always"):
-                    node["prepend_scheme"], changed = "never", True
-                if node.get("add_prefix_space"):
-                    node["add_prefix_space"], changed = False, True
-            for key, value in list(node.items()):
-                if isinstance(value, list):
-                    kept = [v for v in value if not (isinstance(v, dict) and v.get("type") == "Prepend")]
-                    if len(kept) != len(value):
-                        node[key], changed = kept, True
-                fix(node[key])
-        elif isinstance(node, list):
-            for v in node:
-                fix(v)
-
-    if isinstance(data.get("normalizer"), dict) and data["normalizer"].get("type") == "Prepend":
-        data["normalizer"], changed = None, True
-    fix(data.get("normalizer"))
-    fix(data.get("pre_tokenizer"))
-    return Tokenizer.from_str(json.dumps(data)) if changed else tokenizer
-
-
 def iter_file_documents(path: Path, jsonl_field: str = "text") -> Iterator[Any]:
     """Documents of one file: for plain text one document, an iterator of chunks; for jsonl one per
     line, a 1-element list of the field's string, or a list of int token ids when the field holds one."""
@@ -278,8 +247,6 @@ class TokenCounter:
 def count_corpus(paths: list[Path], counters: list[TokenCounter], jsonl_field: str = "text",
                  max_tokens: int | None = None, progress: bool = True) -> CorpusStats:
     """Stream `paths` through every counter (the first is the primary one for the token budget)."""
-    from tqdm import tqdm
-
     stats = CorpusStats()
     primary = counters[0]
     bar = tqdm(total=len(paths), desc="counting", unit="file", disable=not progress, leave=False, mininterval=1.0)
@@ -372,11 +339,10 @@ def map_counts(src_counts: np.ndarray, src_to_dst: np.ndarray, src_tok, dst_tok,
     """Move counts from one vocabulary onto another (heterogeneous pairs).
 
     Tokens with a counterpart in the string map move their count to it. Others are decoded to their
-    bytes and re-tokenised with the destination tokenizer; their count is split equally over the
-    resulting tokens (text that is not valid UTF-8 alone maps byte by byte onto the destination's
-    single-byte tokens). Added tokens without an exact counterpart are reported as unmapped."""
-    from edgespec.runtime.vocab import as_tokenizer, token_table
-
+    bytes and re-tokenised with the destination tokenizer (runtime/reencode.py, `ByteEncoder.retokenise`);
+    their count is split equally over the resulting tokens (text that is not valid UTF-8 alone maps
+    byte by byte onto the destination's single-byte tokens). Added tokens without an exact counterpart
+    are reported as unmapped."""
     src_counts = np.asarray(src_counts, dtype=np.float64)
     out = np.zeros(int(dst_size), dtype=np.float64)
     n = min(src_counts.size, src_to_dst.size)
@@ -388,13 +354,12 @@ def map_counts(src_counts: np.ndarray, src_to_dst: np.ndarray, src_tok, dst_tok,
     unmapped = float(src_counts[n:].sum())
     retok = 0.0
     if rest.size:
-        dst = as_tokenizer(dst_tok)
-        s_table = token_table(src_tok, src_counts.size)
-        d_canon = token_table(dst, dst_size).canonical()
+        s_keys = token_table(src_tok, src_counts.size).keys
+        dst = ByteEncoder(dst_tok, dst_size)
         for i in rest:
             c = float(src_counts[i])
-            key = s_table.keys[i] if i < len(s_table.keys) else None
-            pieces = _retokenise(key, dst, d_canon) if key is not None else None
+            key = s_keys[i] if i < len(s_keys) else None
+            pieces = dst.retokenise(key) if key is not None else None
             if not pieces or max(pieces) >= dst_size:
                 unmapped += c
                 continue
@@ -402,13 +367,3 @@ def map_counts(src_counts: np.ndarray, src_to_dst: np.ndarray, src_tok, dst_tok,
             retok += c
     return MappedCounts(out, direct, retok, unmapped)
 
-
-def _retokenise(key: bytes, dst, d_canon: dict[bytes, int]) -> list[int] | None:
-    if key.startswith(b"special:"):
-        return None
-    try:
-        text = key.decode("utf-8")
-    except UnicodeDecodeError:
-        ids = [d_canon.get(bytes([b])) for b in key]
-        return None if any(i is None for i in ids) else ids
-    return list(dst.encode(text, add_special_tokens=False).ids) or None

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgespec.calibrate.output import save_npz
 from edgespec.errors import CalibrationError
+from edgespec.runtime.rdk import Affinity, rdk_distribution, rdk_taylor_distribution
 
 ESTIMATORS = ("cooc", "cov")
 
@@ -246,7 +248,9 @@ class CovEstimator:
         mu = self.mean / self.n
         omega = s2 / self.n - mu[self.index_map[rows]] * mu[cols]
 
-        def softmax_rows(vals, r):
+        def relative_softmax(vals, r):
+            # a softmax over each ragged CSR row r, (v - max) / (tau |max|): not the dense
+            # runtime.sampling.softmax (v / T - max), whose order of operations gives other floats
             row_max = np.full(self.index_map.size, -np.inf)
             np.maximum.at(row_max, r, vals)
             scale = tau * np.maximum(np.abs(row_max[r]), 1e-30)
@@ -254,7 +258,7 @@ class CovEstimator:
             return e / np.bincount(r, weights=e, minlength=self.index_map.size)[r]
 
         data, indices, indptr = csr_top_k(rows, cols, omega, self.index_map.size, self.n_target, k,
-                                          transform=softmax_rows)
+                                          transform=relative_softmax)
         data, indices, indptr, fallback = with_identity_fallback(data, indices, indptr, self.index_map)
         info = {"estimator": "cov", "top_k": k, "tau": tau, "tau_mode": "relative-to-row-max", "top_m_p": self.top_m,
                 "captured_p_mass": self.mass_p / self.n, "identity_rows": fallback,
@@ -282,8 +286,6 @@ def save_affinity(path, csr: tuple, shape: tuple[int, int]) -> None:
     sums = np.bincount(row_of, weights=data32.astype(np.float64), minlength=counts.size)
     if data32.size:
         data32 = (data32 / sums[row_of].astype(np.float32)).astype(np.float32)
-    from edgespec.calibrate.output import save_npz
-
     save_npz(path, data=data32, indices=np.asarray(indices, dtype=idx_dtype),
              indptr=np.asarray(indptr, dtype=np.int64), shape=np.asarray(shape, dtype=np.int64))
 
@@ -294,8 +296,6 @@ def acceptance_on(p_sparse: list[tuple[np.ndarray, np.ndarray]], q_cols: list[np
                   n_target: int, csr: tuple | None = None, prior: np.ndarray | None = None) -> dict:
     """Mean sum_j min(p_j, d_j) over held-out positions for TLI (d = q'), RDK (d = M^T q') and
     Taylor RDK (Eq. 3 with the prior). p is stored as its top entries, so values are lower bounds."""
-    from edgespec.runtime.rdk import Affinity, rdk_distribution, rdk_taylor_distribution
-
     has = index_map >= 0
     m = None
     if csr is not None:

@@ -20,8 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
+from edgespec.calibrate.counts import special_affixes
 from edgespec.errors import CalibrationError
+from edgespec.runtime.kv import ModelRunner
+from edgespec.runtime.sampling import softmax
+from edgespec.runtime.sessions import create_session
+from edgespec.runtime.tli import tli_rows
+from edgespec.runtime.vocab import SPECIAL_PREFIX, as_tokenizer, token_table
 
 
 @dataclass
@@ -44,12 +51,10 @@ class ByteOffsets:
     """Byte start of every token of an encoding, from the tokenizer's token table."""
 
     def __init__(self, tokenizer):
-        from edgespec.calibrate.counts import special_affixes
-        from edgespec.runtime.vocab import as_tokenizer, token_table
-
         self.tok = as_tokenizer(tokenizer)
         table = token_table(self.tok)
-        self.pieces = [k[len(b"special:"):] if k and k.startswith(b"special:") else (k or b"") for k in table.keys]
+        self.pieces = [k[len(SPECIAL_PREFIX):] if k and k.startswith(SPECIAL_PREFIX) else (k or b"")
+                       for k in table.keys]
         self.lengths = np.array([len(k) for k in self.pieces], dtype=np.int64)
         self.n_prefix = len(special_affixes(self.tok)[0])
 
@@ -135,6 +140,19 @@ def aligned_generation(ids: np.ndarray, prompt_text: str, own: ByteOffsets, othe
     return None if pairs is None else TFSequence(other_ids, own_ids, pairs)
 
 
+def text_sequences(texts, max_len: int | None, target_tok, drafter_tok=None):
+    """TFSequences (or None where unaligned) of whole texts: with one tokenizer for both models
+    (`drafter_tok` None) every position after the first token; else the positions where both
+    tokenizers start a token at the same byte."""
+    offsets = None if drafter_tok is None else (ByteOffsets(target_tok), ByteOffsets(drafter_tok))
+    for text in texts:
+        if offsets is None:
+            ids = np.asarray(target_tok.encode(text, add_special_tokens=True).ids, dtype=np.int64)
+            yield same_tokenizer_sequence(ids, 1, max_len)
+        else:
+            yield aligned_sequence(text, 0, *offsets, max_len=max_len)
+
+
 # --------------------------------------------------------------------------- logit sources
 
 class OrtLogits:
@@ -142,9 +160,6 @@ class OrtLogits:
 
     def __init__(self, onnx_path: Path, cols: np.ndarray | None = None, ep: str = "cpu", threads: int | None = 1,
                  window: int = 128, role: str = "model"):
-        from edgespec.runtime.kv import ModelRunner
-        from edgespec.runtime.sessions import create_session
-
         sess, self.session_info = create_session(onnx_path, ep=ep, threads=threads, role=role)
         self.runner = ModelRunner(sess, role=role)
         self.cols = None if cols is None else np.asarray(cols, dtype=np.int64)
@@ -159,7 +174,7 @@ class TorchLogits:
     """The same from a transformers model directory (torch, 1 thread)."""
 
     def __init__(self, hf_dir: Path, cols: np.ndarray | None = None, window: int = 128):
-        try:
+        try:                    # lazy: torch and transformers are optional (edgespec[export]) and heavy
             import torch
             from transformers import AutoModelForCausalLM
         except ImportError as exc:
@@ -203,22 +218,8 @@ def _windowed(forward, ids: np.ndarray, rows: np.ndarray, window: int, cols: np.
 
 
 # --------------------------------------------------------------------------- distributions
-
-def softmax_rows(logits: np.ndarray, temperature: float) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float32) / np.float32(temperature)
-    z -= z.max(axis=1, keepdims=True)
-    np.exp(z, out=z)
-    z /= z.sum(axis=1, keepdims=True)
-    return z
-
-
-def tli_rows(drafter_logits_kept: np.ndarray, index_map: np.ndarray, temperature: float) -> np.ndarray:
-    """q': softmax over the kept columns, zero where a column has no target id, renormalised."""
-    q = softmax_rows(drafter_logits_kept, temperature)
-    q[:, index_map < 0] = 0.0
-    s = q.sum(axis=1, keepdims=True)
-    return np.divide(q, s, out=np.zeros_like(q), where=s > 0)
-
+# p = runtime.sampling.softmax(target logits, T) and q' = runtime.tli.tli_rows(kept drafter logits,
+# index_map, T), both in float32 (the logits' precision).
 
 @dataclass
 class PassStats:
@@ -238,8 +239,6 @@ def run_pass(sequences, target_fn, drafter_fn, index_map: np.ndarray, temperatur
     """Feed aligned (p, q') rows, in blocks of 32 positions, to each consumer's `add(p, q_cols)`.
     With `heldout`, every `heldout_every`-th block goes to `heldout(p, q_cols)` instead of `consumers`;
     consumers in `every` get all blocks. `block_offset` continues the block count of an earlier pass."""
-    from tqdm import tqdm
-
     if not temperature > 0:
         raise CalibrationError(f"teacher-forced priors need a temperature > 0, got {temperature}")
     stats = PassStats()
@@ -254,7 +253,7 @@ def run_pass(sequences, target_fn, drafter_fn, index_map: np.ndarray, temperatur
             if stats.positions + stats.heldout_positions >= max_positions:
                 break
             pairs = seq.pairs[: max_positions - stats.positions - stats.heldout_positions]
-            p = softmax_rows(target_fn(seq.target_ids, pairs[:, 0]), temperature)
+            p = softmax(target_fn(seq.target_ids, pairs[:, 0]), temperature)
             q = tli_rows(drafter_fn(seq.drafter_ids, pairs[:, 1]), index_map, temperature)
             ok = q.sum(axis=1) > 0
             p, q = p[ok], q[ok]

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import ExportError
+from edgespec.runtime.sampling import softmax
 
 ACCEPT = {"top1_agreement": 0.90, "mean_overlap": 0.90}
 DEFAULT_FILES = ("textwrap.py", "heapq.py", "fractions.py", "statistics.py")
@@ -133,25 +134,19 @@ def batch_invariance(onnx_path: Path, ids: np.ndarray, threads: int = 1, prefix:
             "min_forward_tokens": minimum}
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64, copy=False)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def compare(reference_onnx: Path, quantized_onnx: Path, seqs: list[np.ndarray], threads: int = 1) -> dict:
     """Teacher-forced top-1 agreement and mean sum-min overlap of `quantized_onnx` vs `reference_onnx`.
 
     The two sessions never coexist: the reference's argmax and probabilities are kept (float32),
     then it is freed before the quantized graph is loaded."""
     sess = _session(reference_onnx, threads)
-    ref = [_softmax(_prefill_logits(sess, s)).astype(np.float32) for s in seqs]
+    ref = [softmax(_prefill_logits(sess, s), dtype=np.float64).astype(np.float32) for s in seqs]
     del sess
     gc.collect()
     sess = _session(quantized_onnx, threads, prepack=True)
     agree = overlap = n = 0.0
     for s, p in zip(seqs, ref):
-        q = _softmax(_prefill_logits(sess, s))
+        q = softmax(_prefill_logits(sess, s), dtype=np.float64)
         if q.shape != p.shape:
             raise ExportError(f"quality check: quantized logits {q.shape} vs reference {p.shape}")
         agree += float((q.argmax(-1) == p.argmax(-1)).sum())

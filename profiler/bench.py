@@ -135,12 +135,15 @@ def parse_strategy(label: str) -> tuple[str, dict]:
 
 
 def parse_options(items: list[str] | None, where: str = "--strategy-option") -> dict:
-    """KEY=VALUE strings -> {key: int | float | str}."""
+    """KEY=VALUE strings -> {key: bool | int | float | str} (true/false are booleans)."""
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise BenchError(f"{where}: expected KEY=VALUE, got {item!r}")
+        if value.lower() in ("true", "false"):
+            out[key] = value.lower() == "true"
+            continue
         try:
             out[key] = float(value) if any(c in value for c in ".eE") else int(value)
         except ValueError:

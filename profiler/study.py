@@ -28,8 +28,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
+from edgespec.calibrate.counts import expand_inputs
+from edgespec.calibrate.models import resolve_models
+from edgespec.calibrate.priors import ESTIMATORS, make_estimator, unigram_prior
+from edgespec.calibrate.prompts import load_prompts
+from edgespec.calibrate.run import sample_raw_texts
+from edgespec.calibrate.teacher import OrtLogits, text_sequences
+from edgespec.paths import exports_dir
+from edgespec.profiler import mbsu as M
+from edgespec.profiler import study_report
 from edgespec.profiler.errors import StudyError
+from edgespec.profiler.study_samplers import attach_samplers, level_alphas, make_level, taylor_samplers
+from edgespec.runtime.rdk import DEFAULT_TOL
+from edgespec.runtime.sampling import softmax
+from edgespec.runtime.tli import tli_rows
 
 CHUNK = 32
 DEFAULT_KEPT = [1, 2, 5, 10, 25, 50, 75, 100]
@@ -65,8 +79,6 @@ class StudyConfig:
 
 
 def check_config(cfg: StudyConfig) -> None:
-    from edgespec.calibrate.priors import ESTIMATORS
-
     if not cfg.kept_percent or any(not 0 < k <= 100 for k in cfg.kept_percent):
         raise StudyError(f"--kept needs percentages in (0, 100], got {cfg.kept_percent}")
     if any(not (np.isfinite(b) and b >= 0) for b in cfg.betas):
@@ -96,15 +108,10 @@ def check_config(cfg: StudyConfig) -> None:
 def study_texts(cfg: StudyConfig) -> tuple[list[str], list[str], str]:
     """(calibration texts, held-out texts, description)."""
     if cfg.text:
-        from edgespec.calibrate.counts import expand_inputs
-        from edgespec.calibrate.run import sample_raw_texts
-
         texts = sample_raw_texts(expand_inputs(cfg.text), 6 * cfg.max_len, cfg.seed)
         calib, held = texts[0::2], texts[1::2]
         desc = f"raw text {cfg.text}: {len(texts)} excerpts, even ones calibrate, odd ones held out"
     else:
-        from edgespec.calibrate.prompts import load_prompts
-
         calib = [p.text for p in load_prompts(cfg.prompts, "calib") if p.text.strip()]
         held = [p.text for p in load_prompts(cfg.prompts, "test") if p.text.strip()]
         desc = f"prompts {cfg.prompts}: calib split calibrates, test split held out"
@@ -118,8 +125,6 @@ def full_drafter_onnx(models, cfg: StudyConfig) -> Path | None:
     """The unpruned drafter graph the bundle was exported from, if still in the export cache."""
     if models.bundle is None:
         return None
-    from edgespec.paths import exports_dir
-
     key = models.bundle.manifest["drafter"].get("export_cache_key")
     path = Path(cfg.export_cache or exports_dir()) / str(key) / "model.onnx"
     return path if key and path.is_file() else None
@@ -127,8 +132,6 @@ def full_drafter_onnx(models, cfg: StudyConfig) -> Path | None:
 
 def logit_sources(models, cfg: StudyConfig):
     """(target_fn, drafter_fn, description): fn(ids, rows) -> logits [len(rows), V] (full heads)."""
-    from edgespec.calibrate.teacher import OrtLogits
-
     target_fn = models.target_logits()
     everything = np.arange(models.v_d, dtype=np.int64)
     t_desc = "bundle target graph (onnx)" if models.bundle is not None else "torch target"
@@ -143,26 +146,13 @@ def logit_sources(models, cfg: StudyConfig):
     return target_fn, fn, f"{t_desc}; drafter = {desc}"
 
 
-def sequences(models, texts: list[str], max_len: int):
-    from edgespec.calibrate.teacher import ByteOffsets, aligned_sequence, same_tokenizer_sequence
-
-    if models.same_tokenizer:
-        for text in texts:
-            ids = np.asarray(models.t_tok.encode(text, add_special_tokens=True).ids, dtype=np.int64)
-            yield same_tokenizer_sequence(ids, 1, max_len)
-    else:
-        offsets = (ByteOffsets(models.t_tok), ByteOffsets(models.d_tok))
-        for text in texts:
-            yield aligned_sequence(text, 0, *offsets, max_len=max_len)
-
-
 def position_chunks(models, texts, target_fn, drafter_fn, budget: int, cfg: StudyConfig, desc: str):
-    """Yield (seq, p [s, V_t], q [s, V_d]) float64 chunks of <= CHUNK positions, `budget` in all."""
-    from tqdm import tqdm
-
+    """Yield (seq, p [s, V_t], q [s, V_d]) chunks of <= CHUNK positions, `budget` in all. The softmax
+    runs in float64: pruning to 1% leaves tiny masses that float32 would flush to zero."""
     done = 0
+    seqs = text_sequences(texts, cfg.max_len, models.t_tok, None if models.same_tokenizer else models.d_tok)
     with tqdm(total=budget, desc=desc, unit="pos", disable=not cfg.progress, file=sys.stderr) as bar:
-        for seq in sequences(models, texts, cfg.max_len):
+        for seq in seqs:
             if done >= budget:
                 break
             if seq is None:
@@ -171,22 +161,13 @@ def position_chunks(models, texts, target_fn, drafter_fn, budget: int, cfg: Stud
             t_logits = target_fn(seq.target_ids, pairs[:, 0])
             d_logits = drafter_fn(seq.drafter_ids, pairs[:, 1])
             for a in range(0, pairs.shape[0], CHUNK):
-                p = _softmax64(t_logits[a:a + CHUNK], cfg.temperature)
-                q = _softmax64(d_logits[a:a + CHUNK], cfg.temperature)
+                p = softmax(t_logits[a:a + CHUNK], cfg.temperature, np.float64)
+                q = softmax(d_logits[a:a + CHUNK], cfg.temperature, np.float64)
                 yield seq, pairs[a:a + CHUNK], p, q
                 bar.update(p.shape[0])
             done += pairs.shape[0]
     if done == 0:
         raise StudyError(f"{desc}: no usable positions (texts too short, or no aligned token boundaries)")
-
-
-def _softmax64(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """Softmax in float64 (pruning to 1% leaves tiny masses that float32 would flush to zero)."""
-    z = np.asarray(logits, dtype=np.float64) / temperature
-    z -= z.max(axis=1, keepdims=True)
-    np.exp(z, out=z)
-    z /= z.sum(axis=1, keepdims=True)
-    return z
 
 
 # --------------------------------------------------------------------------- the two passes
@@ -200,13 +181,10 @@ class Calibration:
 
 
 def calibration_pass(models, texts, target_fn, drafter_fn, cfg: StudyConfig) -> Calibration:
-    from edgespec.calibrate.priors import make_estimator, unigram_prior
-
     d2t = np.asarray(models.d2t, dtype=np.int64)
     d_counts, t_counts = np.zeros(models.v_d), np.zeros(models.v_t)
     q_mass = np.zeros(models.v_d)
     estimators = {e: make_estimator(e, d2t, models.v_t) for e in cfg.estimators}
-    has = d2t >= 0
     last, positions = None, 0
     for seq, _, p, q in position_chunks(models, texts, target_fn, drafter_fn, cfg.calib_positions, cfg,
                                         "calibration positions"):
@@ -217,8 +195,7 @@ def calibration_pass(models, texts, target_fn, drafter_fn, cfg: StudyConfig) -> 
         q_mass += q.sum(axis=0)
         positions += p.shape[0]
         if estimators:
-            q_tli = np.where(has[None, :], q, 0.0)
-            q_tli /= np.maximum(q_tli.sum(axis=1, keepdims=True), 1e-300)
+            q_tli = tli_rows(q, d2t, probs=True, dtype=np.float64, floor=1e-300)
             for est in estimators.values():
                 est.add(p, q_tli)
     ranking = np.lexsort((-q_mass, -d_counts))         # by count, ties by summed drafter probability
@@ -234,9 +211,6 @@ def calibration_pass(models, texts, target_fn, drafter_fn, cfg: StudyConfig) -> 
 
 def heldout_pass(models, texts, target_fn, drafter_fn, cal: Calibration, cfg: StudyConfig) -> tuple[list, int]:
     """Running sums of alpha per (sampler, kept level); returns (rows, positions)."""
-    from edgespec.profiler.study_samplers import attach_samplers, level_alphas, make_level, taylor_samplers
-    from edgespec.runtime.rdk import DEFAULT_TOL
-
     d2t = np.asarray(models.d2t, dtype=np.int64)
     taylor = taylor_samplers(cal.prior, cfg.betas)
     levels = []
@@ -267,8 +241,6 @@ def heldout_pass(models, texts, target_fn, drafter_fn, cal: Calibration, cfg: St
 
 def vocabtrim_view(rows: list[dict], manifest: dict | None, gamma: int) -> None:
     """Adds expected tau (i.i.d. acceptance) and MBSU(c_params at that K) for every row, in place."""
-    from edgespec.profiler import mbsu as M
-
     target_params = None if manifest is None else (manifest["target"].get("graph_params")
                                                   or manifest["target"].get("params"))
     for r in rows:
@@ -281,9 +253,6 @@ def vocabtrim_view(rows: list[dict], manifest: dict | None, gamma: int) -> None:
 # --------------------------------------------------------------------------- driver
 
 def run_study(cfg: StudyConfig) -> dict:
-    from edgespec.calibrate.models import resolve_models
-    from edgespec.profiler import study_report
-
     t0 = time.time()
     check_config(cfg)
     calib_texts, held_texts, text_desc = study_texts(cfg)

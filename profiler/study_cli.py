@@ -55,6 +55,8 @@ def register_acceptance(sub, csv_list, float_list, command) -> None:
 
 
 def run(args, command) -> int:
+    # lazy: the parser is built for every `edgespec` command; the study pulls NumPy, ONNX Runtime and
+    # tokenizers (heavy third-party imports) only when it runs
     from edgespec.profiler.study import StudyConfig, run_study
     from edgespec.profiler.study_report import table
 

@@ -58,7 +58,7 @@ def table(doc: dict) -> str:
 
 
 def plots(doc: dict, out: Path) -> list[str]:
-    try:
+    try:                        # lazy: matplotlib is optional (edgespec[bench]) and slow to import
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -78,7 +78,7 @@ def _style(r: dict, shade: float) -> dict:
         return {"color": "black", "ls": "-", "marker": "o"}
     if r["sampler"] == "rdk":
         return {"color": "tab:blue" if r["estimator"] == "cooc" else "tab:green", "ls": "-", "marker": "s"}
-    import matplotlib.cm as cm
+    import matplotlib.cm as cm  # lazy: optional, as in plots()
 
     return {"color": cm.autumn(shade), "ls": "-" if r["beta"] == 1 else "--", "marker": "^"}
 

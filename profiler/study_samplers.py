@@ -5,7 +5,7 @@ For one kept set S of drafter columns (a `KeptLevel`) and one position with targ
 over target ids and the expected acceptance alpha = sum_x min(p(x), d(x)) (RDK paper, Def. 2.1):
 
 - `masked`:     q restricted to S ∩ T and mapped to target ids, NOT renormalised (mass lost to pruning);
-- `tli`:        the same, renormalised (TLI, what the runtime's `tli`/`sd` sample from);
+- `tli`:        the same, renormalised (TLI, what the runtime's `tli`/`sd` sample from; runtime.tli.tli_rows);
 - `rdk-taylor`: Eq. 3 on the TLI distribution with the target prior and strength beta
                 (edgespec.runtime.rdk.RdkTaylor: the runtime's own function);
 - `rdk`:        M^T q' with the affinity M restricted to the rows of S
@@ -17,6 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from edgespec.runtime.rdk import Affinity, RdkTaylor, rdk_distribution
+from edgespec.runtime.tli import tli_rows
 
 
 @dataclass
@@ -53,31 +56,15 @@ def rows_subset(csr: tuple, rows: np.ndarray) -> tuple:
 
 def taylor_samplers(prior: np.ndarray | None, betas: list[float]) -> dict:
     """{beta: RdkTaylor}: independent of the kept set, so shared by every level."""
-    from edgespec.runtime.rdk import RdkTaylor
-
     return {} if prior is None else {float(b): RdkTaylor(prior, beta=float(b)) for b in betas}
 
 
 def attach_samplers(level: KeptLevel, taylor: dict, affinities: dict, n_target: int) -> None:
     """Attach the Taylor-RDK samplers and the affinity matrices restricted to the level's rows."""
-    from edgespec.runtime.rdk import Affinity
-
     level.taylor = taylor
     for name, csr in affinities.items():
         data, indices, indptr = rows_subset(csr, level.cols)
         level.affinity[name] = Affinity.from_csr(data, indices, indptr, (level.cols.size, n_target))
-
-
-def _scatter(vals: np.ndarray, level: KeptLevel, n_target: int) -> np.ndarray:
-    """[s, |valid|] column probabilities -> [s, V_t] over target ids (adding columns that share an id)."""
-    s = vals.shape[0]
-    out = np.zeros((s, n_target), dtype=np.float64)
-    if level.unique:
-        out[:, level.target_ids] = vals
-    else:
-        flat = (np.arange(s)[:, None] * n_target + level.target_ids[None, :]).ravel()
-        out = np.bincount(flat, weights=vals.ravel(), minlength=s * n_target).reshape(s, n_target)
-    return out
 
 
 def overlap(p: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -87,16 +74,11 @@ def overlap(p: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 def level_alphas(p: np.ndarray, q: np.ndarray, level: KeptLevel, tol: float) -> dict:
     """{sampler key: alpha per row [s]} for one kept level. p: [s, V_t], q: [s, V_d] (float64)."""
-    from edgespec.runtime.rdk import rdk_distribution
-
     n_target = p.shape[1]
     kept_q = q[:, level.valid_cols]
-    mass = kept_q.sum(axis=1)
-    masked = _scatter(kept_q, level, n_target)
+    ok = kept_q.sum(axis=1) > 0                                   # rows with mass left on S ∩ T
+    tli, masked = tli_rows(kept_q, level.target_ids, probs=True, dtype=np.float64, n_target=n_target, masked=True)
     out = {("masked", None): overlap(p, masked)}
-    ok = mass > 0
-    safe = np.where(ok, mass, 1.0)
-    tli = masked / safe[:, None]
     out[("tli", None)] = np.where(ok, overlap(p, tli), 0.0)
     for beta, taylor in level.taylor.items():
         d = np.stack([taylor(tli[i]) if ok[i] else np.zeros(n_target) for i in range(p.shape[0])])
@@ -104,7 +86,7 @@ def level_alphas(p: np.ndarray, q: np.ndarray, level: KeptLevel, tol: float) -> 
     if level.affinity:
         pos = np.searchsorted(level.cols, level.valid_cols)       # valid columns' rows in M_S
         q_kept = np.zeros((p.shape[0], level.cols.size))
-        q_kept[:, pos] = kept_q / safe[:, None]
+        q_kept[:, pos] = tli_rows(kept_q, level.target_ids, probs=True, dtype=np.float64)
         for name, m in level.affinity.items():
             d = np.stack([rdk_distribution(q_kept[i], m, tol=tol) if ok[i] else np.zeros(n_target)
                           for i in range(p.shape[0])])

@@ -6,10 +6,17 @@ BOS write `{{ bos_token }}` themselves.
 """
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from functools import lru_cache
 
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from edgespec.errors import GenerationError
+
+
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def _raise(message):
@@ -18,13 +25,10 @@ def _raise(message):
 
 @lru_cache(maxsize=8)
 def _compile(template: str):
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    env.filters.setdefault("tojson", __import__("json").dumps)
+    env.filters.setdefault("tojson", json.dumps)
     try:
         return env.from_string(template)
     except TemplateError as exc:
@@ -37,6 +41,11 @@ def as_messages(prompt) -> list[dict]:
         return [{"role": "user", "content": prompt}]
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) and "role" in m and "content" in m
                                                             for m in prompt):
+        for m in prompt:
+            if m["role"] not in ROLES:
+                raise GenerationError(f"chat message role must be one of {', '.join(ROLES)}, got {m['role']!r}")
+            if not isinstance(m["content"], str):
+                raise GenerationError(f"chat message content must be a str, got {type(m['content']).__name__}")
         return [dict(m) for m in prompt]
     raise GenerationError("chat=True needs a str prompt or a list of {'role', 'content'} messages")
 
@@ -45,10 +54,9 @@ def render_chat(template: str | None, messages: list[dict], bos_token: str = "",
                 add_generation_prompt: bool = True) -> str:
     if not template:
         raise GenerationError("chat=True, but this bundle has no chat template")
-    from jinja2.exceptions import TemplateError
-
     try:
         return _compile(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
                                          add_generation_prompt=add_generation_prompt)
-    except TemplateError as exc:
-        raise GenerationError(f"chat template failed to render: {exc}") from exc
+    except (TemplateError, OverflowError, ArithmeticError, TypeError, ValueError, LookupError, RecursionError) as exc:
+        raise GenerationError(f"chat template failed to render: {type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:200]}") from exc

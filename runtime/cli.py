@@ -5,6 +5,10 @@ import argparse
 import json
 import sys
 
+from edgespec.errors import GenerationError
+from edgespec.runtime.bundle import Bundle
+from edgespec.runtime.decoder import SpeculativeDecoder, check_draft_length, check_generation_args
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -13,8 +17,14 @@ def register(subparsers) -> None:
                     "equals --strategy ar token for token; sampled output follows the target's distribution.")
     p.add_argument("--bundle", required=True, metavar="DIR", help="bundle directory (from `edgespec export`)")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads it from stdin)")
-    p.add_argument("--strategy", default="tli", help="ar, sd, tli, or a registered sampler (default: tli)")
-    p.add_argument("--draft-length", type=int, default=4, metavar="K", help="draft tokens per target verify (default 4)")
+    p.add_argument("--strategy", default="auto", help="auto (default: slem for greedy on a heterogeneous pair, "
+                                                      "else tli), ar, sd, tli, slem, rdk-taylor, rdk, ngram, ngram-tli")
+    p.add_argument("--draft-length", type=_draft_length, default=4, metavar="K|auto",
+                   help="draft tokens per target verify (default 4); auto: chosen per round, 0 when speculation "
+                        "does not pay")
+    p.add_argument("--max-draft-length", type=int, default=8, metavar="K", help="the most --draft-length auto drafts")
+    p.add_argument("--draft-confidence", type=float, default=None, metavar="P",
+                   help="stop drafting when the drafter's top probability falls below P")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=None)
@@ -35,6 +45,10 @@ def register(subparsers) -> None:
     p.set_defaults(func=_generate)
 
 
+def _draft_length(value: str):
+    return value if value == "auto" else int(value)
+
+
 def _ep(value: str | None):
     if value is None or "," not in value:
         return value
@@ -42,19 +56,24 @@ def _ep(value: str | None):
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from edgespec.runtime import Bundle, SpeculativeDecoder
-
+    check_generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt:
+        raise GenerationError("empty prompt")
     a = args.draft_probability
     if a not in (None, "auto"):
         try:
             a = float(a)
         except ValueError:
-            from edgespec.errors import GenerationError
             raise GenerationError(f"--draft-probability must be a number in (0, 1] or 'auto', got {a!r}") from None
+        if not 0.0 < a <= 1.0:
+            raise GenerationError(f"--draft-probability must be in (0, 1] or 'auto', got {a!r}")
+    check_draft_length(args.draft_length)
+    check_draft_length(args.max_draft_length)
     dec = SpeculativeDecoder(Bundle.load(args.bundle, verify=args.verify), strategy=args.strategy,
                              draft_length=args.draft_length, ep=_ep(args.ep), draft_ep=_ep(args.draft_ep),
-                             threads=args.threads, allow_fallback=args.allow_fallback, draft_probability=a)
+                             threads=args.threads, allow_fallback=args.allow_fallback, draft_probability=a,
+                             max_draft_length=args.max_draft_length, draft_confidence=args.draft_confidence)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
               seed=args.seed, stop=args.stop, chat=args.chat)
     if args.stream and not args.json:

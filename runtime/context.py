@@ -10,9 +10,10 @@ Different tokenizers (`HeteroContext`), per committed target token t:
    drafter tokenizer, and replace those tokens. The caller crops the drafter KV back to the stable
    prefix (the tokens before the lookbehind) and feeds the rest in its next forward.
 
-Text is handled as bytes (token tables from runtime/vocab.py), so a multi-byte character split across
-tokens survives. Bytes that are not valid UTF-8 on their own become the drafter's byte tokens
-(`<0xNN>` or a GPT-2 byte character) when it has them. Target special tokens map to drafter special
+Text is handled as bytes (token tables from runtime/vocab.py, re-encoded by runtime/reencode.py's
+`ByteEncoder.encode_exact`), so a multi-byte character split across tokens survives. Bytes that are not
+valid UTF-8 on their own become the drafter's byte tokens (`<0xNN>` or a GPT-2 byte character) when it
+has them. Target special tokens map to drafter special
 tokens with the same content (e.g. `<|im_end|>`) or are dropped. BOS: the drafter gets its own BOS when
 its tokenizer adds one (Gemma adds `<bos>`, Qwen does not), whatever the target does.
 
@@ -23,10 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.vocab import token_table
+from edgespec.runtime.reencode import ByteEncoder
+from edgespec.runtime.vocab import SPECIAL_PREFIX, token_table
 
 LOOKBEHIND = 4          # drafter tokens re-tokenised together with an unmappable target token
-SPECIAL_PREFIX = b"special:"
 
 
 class SameContext:
@@ -57,62 +58,20 @@ class HeteroContext:
     """Drafter tokens for text committed in the target's tokens (module docstring)."""
 
     def __init__(self, bundle):
-        self.tok = bundle.drafter.tokenizer
         self.t2d = np.asarray(bundle.target_to_drafter)
-        t_table = token_table(bundle.target.tokenizer, bundle.target.vocab_size)
-        d_table = token_table(self.tok, bundle.drafter.vocab_size)
-        self.t_keys = t_table.keys
-        self.d_keys = d_table.keys
-        canon = d_table.canonical()
-        self.d_canon = canon
-        self.byte_ids = [canon.get(bytes([b])) for b in range(256)]
+        self.t_keys = token_table(bundle.target.tokenizer, bundle.target.vocab_size).keys
+        self.enc = ByteEncoder(bundle.drafter.tokenizer, bundle.drafter.vocab_size)
+        self.d_keys = self.enc.keys
         self.drafter_bos = bundle.drafter.bos_id if bundle.drafter.add_bos else None
         self.ids: list[int] = []
         self.resyncs = 0
 
-    # ------------------------------------------------------------------ bytes <-> drafter ids
     def _key(self, tid: int) -> bytes | None:
         return self.t_keys[tid] if 0 <= tid < len(self.t_keys) else None
 
-    def _drafter_bytes(self, ids) -> bytes:
-        return b"".join(self.d_keys[i] or b"" for i in ids)
-
-    def _byte_tokens(self, data: bytes) -> list[int]:
-        return [i for i in (self.byte_ids[b] for b in data) if i is not None]
-
-    def _encode_text(self, text: str) -> list[int]:
-        """Drafter ids whose bytes are exactly `text` (no special tokens, no dummy prefix)."""
-        want = text.encode("utf-8")
-        ids = self.tok.encode(text, add_special_tokens=False).ids
-        got = self._drafter_bytes(ids)
-        if got == want:
-            return ids
-        if got == b" " + want and ids:     # a SentencePiece dummy prefix (prepend_scheme "first")
-            first = self.d_keys[ids[0]] or b""
-            if first == b" ":
-                return ids[1:]
-            fixed = self.d_canon.get(first[1:])
-            if fixed is not None:
-                return [fixed] + ids[1:]
-        byte_ids = self._byte_tokens(want)
-        return byte_ids if len(byte_ids) == len(want) else ids
-
     def encode_bytes(self, data: bytes) -> list[int]:
         """Drafter ids for arbitrary bytes: valid UTF-8 runs are tokenised, stray bytes become byte tokens."""
-        text = data.decode("utf-8", errors="surrogateescape")
-        out: list[int] = []
-        run: list[str] = []
-        for ch in text:
-            if "\udc80" <= ch <= "\udcff":          # an undecodable byte
-                if run:
-                    out += self._encode_text("".join(run))
-                    run = []
-                out += self._byte_tokens(bytes([ord(ch) - 0xDC00]))
-            else:
-                run.append(ch)
-        if run:
-            out += self._encode_text("".join(run))
-        return out
+        return self.enc.encode_bytes(data, self.enc.encode_exact)
 
     # ------------------------------------------------------------------ target ids -> drafter ids
     def convert(self, target_ids) -> list[int]:
@@ -162,7 +121,7 @@ class HeteroContext:
             if k is None or k.startswith(SPECIAL_PREFIX) or self.ids[start - 1] == self.drafter_bos:
                 break
             start -= 1
-        tail = self._drafter_bytes(self.ids[start:]) + key
+        tail = self.enc.bytes_of(self.ids[start:]) + key
         new = self.encode_bytes(tail)
         stable = start
         while stable < len(self.ids) and stable - start < len(new) and self.ids[stable] == new[stable - start]:

@@ -1,24 +1,22 @@
-"""`SpeculativeDecoder`: the decode loop (gpt-fast / mlx-lm style) over two ORT sessions.
+"""`SpeculativeDecoder`: the decode loop over two ORT sessions (a target and a pruned drafter).
 
-One round (`Generation.token_round`), for every token-level strategy (ar, sd, tli, and later rdk...):
-1. draft: up to gamma drafter forwards, each fed the drafter tokens not yet in its KV cache; the
-   strategy turns the last row of kept-column logits into q over target ids; a draft is sampled
-   (argmax at temperature 0);
-2. verify: ONE target forward over [last committed token, d_1..d_n] -> n+1 rows of logits;
-   verify.py accepts a prefix and emits one more token (correction or bonus);
-3. roll back: both KV caches are cropped by slicing (kv.py); the drafter catches up on the emitted
-   token at its next forward (together with d_n after a full accept).
-`ar` is the same round with gamma = 0 and no drafter. State between rounds: the target's KV covers
-every committed token except `last`, which is fed first in the next verify forward.
+`_run` prefills, then repeats one round (rounds.speculative_round: draft -> one target forward ->
+accept -> roll back) until a stop; text is streamed as valid UTF-8 deltas (text.py).
 
 Stopping: EOS (any of the target's eos_ids; the EOS token is kept in token_ids, not in text), stop
 strings (text ends before the stop string; token_ids end with the token that completed it),
 max_new_tokens (never exceeded: a round drafts at most remaining - 1 tokens). A prompt that cannot
 fit prompt + max_new_tokens in the target's context is refused before anything runs.
+
+The decoder owns what outlives one generation: sessions, KV runners, token tables, per-round scratch
+arrays and, for randomised drafting with concurrent_draft=True, one worker thread (closed by
+`close()` or `with SpeculativeDecoder(...) as dec:`).
 """
 from __future__ import annotations
 
 import copy
+import difflib
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,13 +28,15 @@ from edgespec.errors import BundleError, GenerationError
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.chat import as_messages, render_chat
 from edgespec.runtime.context import drafter_context
+from edgespec.runtime.governor import Governor
 from edgespec.runtime.kv import ModelRunner
-from edgespec.runtime.sampling import SamplingParams, make_rng, probabilities, sample
+from edgespec.runtime.randomised import SideRunner
+from edgespec.runtime.rounds import Generation, draft_tokens
+from edgespec.runtime.sampling import SamplingParams, make_rng
 from edgespec.runtime.sessions import create_session
 from edgespec.runtime.stats import GenerationStats
-from edgespec.runtime.strategies import get_strategy
+from edgespec.runtime.strategies import STRATEGIES, choose_auto, get_strategy
 from edgespec.runtime.text import TextState
-from edgespec.runtime.verify import verify_greedy, verify_sampled
 
 @dataclass
 class GenerationResult:
@@ -49,15 +49,18 @@ class GenerationResult:
 class SpeculativeDecoder:
     """Speculative decoding over an edgespec bundle. See docs/architecture.md for the API."""
 
-    def __init__(self, bundle: Bundle | str | Path, strategy: str = "tli", draft_length: int = 4, ep="cpu",
+    def __init__(self, bundle: Bundle | str | Path, strategy: str = "auto", draft_length: int | str = 4, ep="cpu",
                  draft_ep=None, threads: int | None = None, allow_fallback: bool = False,
                  draft_probability: float | str | None = None, draft_threads: int | None = None,
+                 concurrent_draft: bool = True, max_draft_length: int = 8, draft_confidence: float | None = None,
                  **strategy_options):
         if not isinstance(bundle, Bundle):
             bundle = Bundle.load(bundle)
         self.bundle = bundle
         strat = get_strategy(strategy)
-        _check_draft_length(draft_length)
+        check_draft_length(draft_length)       # argument checks first: sessions take seconds to build
+        check_draft_length(max_draft_length)
+        _check_options(strategy_options)
         tinfo = bundle.target.info
         sess, self.target_session_info = create_session(bundle.target.onnx, ep, threads, allow_fallback, "target")
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)
@@ -78,18 +81,31 @@ class SpeculativeDecoder:
             self.ctx = drafter_context(bundle)          # token tables: built once per decoder
         self.eos_ids = frozenset(bundle.target.eos_ids)
         self._shared = _Shared()
-        self._configure(strat, draft_length, draft_probability, strategy_options)
+        self.max_draft_length, self.draft_confidence = max_draft_length, draft_confidence
+        self._configure(strat, draft_length, draft_probability, concurrent_draft, strategy_options)
 
-    def _configure(self, strat, draft_length, draft_probability, options) -> None:
+    def _configure(self, strat, draft_length, draft_probability, concurrent_draft, options) -> None:
         """Per-strategy settings (everything that is not a session)."""
-        _check_draft_length(draft_length)
+        check_draft_length(draft_length)
+        if not isinstance(concurrent_draft, (bool, np.bool_)):
+            raise GenerationError(f"concurrent_draft must be True or False, got {concurrent_draft!r}")
+        c = self.draft_confidence
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c < 1.0):
+            raise GenerationError(f"draft_confidence must be in (0, 1) or None, got {c!r}")
+        if draft_length == "auto" and not strat.speculative:
+            raise GenerationError(f"draft_length='auto' needs a speculative strategy, not {strat.name!r}")
         if strat.uses_drafter and self.drafter is None:
             raise GenerationError(f"strategy {strat.name!r} needs a drafter session; this decoder was created "
                                   "with 'ar' and has none")
         self.strategy = strat
-        self.draft_length = int(draft_length) if strat.uses_drafter else 0
+        self.draft_length_setting = draft_length
+        gamma = self.max_draft_length if draft_length == "auto" else int(draft_length)
+        self.draft_length = gamma if strat.speculative else 0
+        self.governor = Governor(gamma) if draft_length == "auto" and strat.speculative else None
+        self._auto: dict = {}                  # strategy="auto": the strategy chosen per sampling mode
         self.draft_probability = self._check_draft_probability(draft_probability)
-        self.options = dict(options)
+        self.concurrent_draft = bool(concurrent_draft)
+        self.options = _check_options(options)
         if strat.check:
             strat.check(self.bundle, self.options)
         self.state = strat.prepare(self.bundle, self.options)
@@ -101,19 +117,57 @@ class SpeculativeDecoder:
         self._last_generation: Generation | None = None
 
     def variant(self, strategy: str | None = None, draft_length: int | None = None,
-                draft_probability: float | str | None = None, **strategy_options) -> "SpeculativeDecoder":
+                draft_probability: float | str | None = None, concurrent_draft: bool | None = None,
+                **strategy_options) -> "SpeculativeDecoder":
         """Another strategy / draft length on the SAME sessions, KV runners and token tables (no new
         session; only the per-round scratch arrays are new). Generations of a decoder and its variants must not interleave: a
         newer call supersedes an unfinished stream of any of them."""
         new = copy.copy(self)
+        new.last_result = None
         strat = get_strategy(strategy) if strategy is not None else self.strategy
-        new._configure(strat, self.draft_length or 1 if draft_length is None else draft_length,
-                       draft_probability, strategy_options)
+        if draft_length is None:
+            draft_length = self.draft_length_setting if strat.speculative else 1
+        new._configure(strat, draft_length,
+                       draft_probability, self.concurrent_draft if concurrent_draft is None else concurrent_draft,
+                       strategy_options)
         if not strat.uses_drafter:
             new.drafter, new.drafter_session_info, new.ctx = None, None, None
         return new
 
+    # ------------------------------------------------------------------ resources
+    @property
+    def generation_id(self) -> int:
+        """Number of the newest generation of this decoder and its variants."""
+        return self._shared.generation
+
+    def side_runner(self) -> SideRunner:
+        """The worker thread for drafter forwards that run beside the verify (created on first use)."""
+        if self._shared.side_runner is None:
+            self._shared.side_runner = SideRunner()
+        return self._shared.side_runner
+
+    def close(self) -> None:
+        """Stop the worker thread, if one was started (a later generation starts a new one)."""
+        side, self._shared.side_runner = self._shared.side_runner, None
+        if side is not None:
+            side.close()
+
+    def __enter__(self) -> "SpeculativeDecoder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ------------------------------------------------------------------ checks
+    def _resolved(self, greedy: bool) -> "SpeculativeDecoder":
+        """This decoder, or for strategy="auto" the variant it stands for in this sampling mode."""
+        if self.strategy.name != "auto":
+            return self
+        name = choose_auto(self.bundle, greedy)
+        if name not in self._auto:
+            self._auto[name] = self.variant(name, draft_probability=self.draft_probability, **self.options)
+        return self._auto[name]
+
     def _check_draft_probability(self, a):
         if a is None:
             return None
@@ -123,8 +177,9 @@ class SpeculativeDecoder:
                 raise GenerationError("draft_probability='auto' needs a calibrated a* in the bundle (vocab/randomised.json)")
         if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 < float(a) <= 1.0:
             raise GenerationError(f"draft_probability must be in (0, 1] or 'auto', got {a!r}")
-        if not self.strategy.uses_drafter:
-            raise GenerationError("draft_probability needs a drafting strategy (not 'ar')")
+        if self.strategy.name != "auto" and (not self.strategy.uses_drafter or self.strategy.propose is not draft_tokens):
+            raise GenerationError(f"draft_probability needs a token-level drafting strategy (tli, sd, rdk-taylor, rdk), "
+                                  f"not {self.strategy.name!r}")
         return float(a)
 
     def _check_runner(self, runner: ModelRunner, info: dict, width: int, role: str) -> None:
@@ -166,6 +221,8 @@ class SpeculativeDecoder:
                 raise GenerationError("empty prompt")
             ids = tok.encode(prompt, add_special_tokens=True).ids
         elif isinstance(prompt, (list, tuple, np.ndarray)):
+            if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in prompt):
+                raise GenerationError("prompt token ids must be integers (a flat list of ints)")
             ids = [int(i) for i in prompt]
             bad = [i for i in ids if not 0 <= i < self.bundle.target.vocab_size]
             if bad:
@@ -180,10 +237,10 @@ class SpeculativeDecoder:
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = None,
                  chat: bool = False) -> GenerationResult:
-        run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=False)
-        for _ in run:
-            pass
-        return self.last_result
+        with self._shared.lock:      # calls on one decoder (and its variants) run one at a time
+            for _ in self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=False):
+                pass
+            return self.last_result
 
     def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = None,
@@ -192,26 +249,39 @@ class SpeculativeDecoder:
         stats included, is in `self.last_result` once the generator ends or is closed. Arguments are
         checked when this is called, not at the first `next()`."""
         run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat)
-        next(run)  # runs the argument checks now; the first yield carries no text
-        return run
+        with self._shared.lock:
+            next(run)  # runs the argument checks now; the first yield carries no text
+        return self._locked(run)
+
+    def _locked(self, run) -> Iterator[str]:
+        """Each step of a stream holds the decoder's lock: another thread's call waits for the step,
+        and a call that starts between two steps supersedes the stream (its next step says so)."""
+        try:
+            while True:
+                with self._shared.lock:
+                    try:
+                        delta = next(run)
+                    except StopIteration:
+                        return
+                yield delta
+        finally:
+            with self._shared.lock:
+                run.close()
 
     # ------------------------------------------------------------------ the loop
     def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=True):
         """The generator behind generate() and stream(). With incremental=False (generate without stop
         strings) the text is decoded once at the end instead of after every round."""
         t_start = time.perf_counter()
-        params = SamplingParams(temperature=float(temperature) if temperature is not None else temperature,
-                                top_k=top_k, top_p=top_p)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-            raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        stops = _stop_strings(stop)
+        params, stops = check_generation_args(max_new_tokens, temperature, top_k, top_p, seed, stop)
         prompt_ids = self.encode_prompt(prompt, chat)
         limit = self.target.max_position
         if limit and len(prompt_ids) + max_new_tokens > limit:
             raise GenerationError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                                   f"target's context length {limit}")
+        dec = self._resolved(params.greedy)
         self._shared.generation += 1
-        gen = Generation(self, prompt_ids, params, make_rng(seed), int(max_new_tokens))
+        gen = Generation(dec, prompt_ids, params, make_rng(seed), int(max_new_tokens), self._shared.generation)
         self._last_generation = gen          # for debugging and the profiler
         gen.stats.fallbacks = [i.fallback for i in (self.target_session_info, self.drafter_session_info)
                                if i is not None and i.fallback]
@@ -239,6 +309,8 @@ class SpeculativeDecoder:
             st.new_tokens = len(gen.generated)
             st.prefill_tokens = min(1, st.new_tokens)
             st.stop_reason = reason or "interrupted"
+            if dec.governor is not None and st.gamma_per_step:
+                st.draft_length = float(np.mean(st.gamma_per_step))
             st.drafter_resyncs = gen.ctx.resyncs if gen.ctx is not None else 0
             if gen.id == self._shared.generation:   # a superseded stream must not overwrite a newer result
                     self.last_result = GenerationResult(
@@ -246,162 +318,50 @@ class SpeculativeDecoder:
                     token_ids=list(gen.generated), stats=st, prompt_token_ids=prompt_ids)
 
 
-class Generation:
-    """Mutable state of one generate/stream call (also the seam for custom rounds, e.g. SLEM):
-    - `target`: its KV covers prompt + generated[:-1]; `last` (= generated[-1]) is fed next;
-    - `drafter`/`ctx`: the drafter's KV covers ctx.ids[:drafter.length]; ctx.ids is the committed text
-      in drafter tokens (context.py);
-    - `generated`: committed target ids; `stats`, `params`, `rng`."""
-
-    def __init__(self, dec: SpeculativeDecoder, prompt_ids: list[int], params: SamplingParams,
-                 rng: np.random.Generator, max_new_tokens: int):
-        self.dec = dec
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.rng = rng
-        self.max_new_tokens = max_new_tokens
-        self.target = dec.target
-        self.drafter = dec.drafter
-        self.ctx = dec.ctx
-        self.generated: list[int] = []
-        self.last = -1
-        self.id = dec._shared.generation
-        self.stats = GenerationStats(strategy=dec.strategy.name, draft_length=dec.draft_length,
-                                     prompt_tokens=len(prompt_ids), providers=dec.providers)
-
-    # ------------------------------------------------------------------ helpers
-    def _check_current(self) -> None:
-        if self.id != self.dec._shared.generation:
-            raise GenerationError("this stream was superseded by a newer generate/stream call on the same decoder")
-
-    def pick(self, logits_row: np.ndarray) -> int:
-        """A token from one row of target logits (argmax, or a draw from p)."""
-        if self.params.greedy:
-            return int(np.argmax(logits_row))
-        p = probabilities(logits_row[None, :], self.params, out=self.dec.p_rows[:1])
-        return sample(p[0], self.rng, self.dec.work[1])
-
-    def draft_forward(self, ids: list[int]) -> np.ndarray:
-        """Drafter forward on `ids`; returns the last row of kept-column logits and books the time."""
-        was_prefill = self.drafter.length == 0
-        row = self.drafter.forward(ids)[-1]
-        ms = self.drafter.last_ms
-        st = self.stats
-        st.draft_forwards += 1
-        if was_prefill:
-            st.prefill_ms += ms
-        else:
-            st.draft_ms += ms
-            st.draft_ms_steps.append(ms)
-        return row
-
-    def draft_q(self, row: np.ndarray, j: int) -> np.ndarray:
-        """The strategy's draft distribution over target ids for one drafter row, into q_rows[j]."""
-        t = time.perf_counter()
-        q = self.dec.strategy.distribution(self.dec.state, row, self.params, self.dec.q_rows[j])
-        self.stats.sampler_ms += (time.perf_counter() - t) * 1e3
-        return q
-
-    def draft_greedy(self, row: np.ndarray) -> int:
-        """The strategy's temperature-0 draft (a target id) for one drafter row."""
-        t = time.perf_counter()
-        x = self.dec.strategy.greedy(self.dec.state, row)
-        self.stats.sampler_ms += (time.perf_counter() - t) * 1e3
-        return x
-
-    def commit(self, new: list[int]) -> str | None:
-        """Append committed tokens; returns "eos"/"length" when generation must end."""
-        for i, t in enumerate(new):
-            if t in self.dec.eos_ids:
-                self.generated.extend(new[:i + 1])
-                return "eos"
-        self.generated.extend(new)
-        return "length" if len(self.generated) >= self.max_new_tokens else None
-
-    # ------------------------------------------------------------------ phases
-    def prefill(self) -> list[int]:
-        self._check_current()
-        self.target.reset()
-        self.target.reserve(len(self.prompt_ids) + self.max_new_tokens + self.dec.draft_length + 2)
-        logits = self.target.forward(self.prompt_ids)[-1]
-        self.stats.prefill_ms += self.target.last_ms
-        self.stats.target_forwards += 1
-        self.last = self.pick(logits)
-        if self.drafter is not None:
-            self.drafter.reset()
-            self.ctx.start(self.prompt_ids)
-            self.ctx.append_target(self.last)
-        return [self.last]
-
-    def round(self) -> list[int]:
-        self._check_current()
-        remaining = self.max_new_tokens - len(self.generated)
-        gamma = min(self.dec.draft_length, remaining - 1)
-        if gamma > 0 and not self.ctx.ids:      # nothing the drafter can condition on (no BOS, only unmapped specials)
-            gamma = 0
-        if gamma > 0 and self.drafter.max_position:
-            room = self.drafter.max_position - len(self.ctx.ids) - 2
-            if room < gamma:
-                gamma = max(room, 0)
-                self.stats.drafter_fallback_steps += gamma == 0
-        custom = self.dec.strategy.round
-        if (custom is None and self.dec.draft_probability is not None and not self.params.greedy
-                and self.dec.options.get("concurrent_draft", True)):
-            from edgespec.runtime.randomised import randomised_round   # no-draft forward on a worker thread
-            custom = randomised_round
-        return custom(self, gamma) if custom is not None and gamma > 0 else self.token_round(gamma)
-
-    def token_round(self, gamma: int) -> list[int]:
-        dec, st, params, rng = self.dec, self.stats, self.params, self.rng
-        ctx = self.ctx
-        a = dec.draft_probability
-        drafts: list[int] = []
-        marks: list[int] = []            # len(ctx.ids) before each draft's drafter ids
-        terminal = False                 # randomised drafting: the block ends on a "no draft" position
-        for j in range(gamma):
-            if self.drafter.length == len(ctx.ids):   # nothing new (an emitted special had no drafter id):
-                self.drafter.crop(self.drafter.length - 1)   # re-run the last token for fresh logits
-            row = self.draft_forward(ctx.ids[self.drafter.length:])
-            if params.greedy:
-                x = self.draft_greedy(row)
-            else:
-                q = self.draft_q(row, j)
-                if a is not None and rng.random() >= a:
-                    terminal = True
-                    break
-                x = sample(q, rng, dec.work[1])
-            drafts.append(x)
-            marks.append(len(ctx.ids))
-            ctx.ids.extend(ctx.feed_ids(x))
-        n = len(drafts)
-        logits = self.target.forward([self.last, *drafts])
-        st.record_verify(n + 1, self.target.last_ms)
-        d = np.asarray(drafts, dtype=np.int64)
-        if params.greedy:
-            n_acc, t = verify_greedy(logits, d)
-        else:
-            p = probabilities(logits, params, out=dec.p_rows[:n + 1])
-            n_acc, t = verify_sampled(p, dec.q_rows[:n + terminal], d, rng, 1.0 if a is None else a, terminal,
-                                      work=dec.work)
-        self.target.crop(self.target.length - (n - n_acc))
-        if ctx is not None:
-            if n_acc < n:
-                del ctx.ids[marks[n_acc]:]
-            changed = ctx.append_target(t)
-            self.drafter.crop(min(self.drafter.length, changed))
-        st.record_block(n, n_acc)
-        self.last = t
-        return [*drafts[:n_acc], t]
-
-
 class _Shared:
-    """State shared by a decoder and its variants (they share runners)."""
-    generation = 0
+    """State shared by a decoder and its variants (they share runners and the worker thread)."""
+
+    def __init__(self):
+        self.generation = 0
+        self.side_runner: SideRunner | None = None
+        self.lock = threading.Lock()
 
 
-def _check_draft_length(k) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise GenerationError(f"draft_length must be an integer >= 1, got {k!r}")
+MAX_DRAFT_LENGTH = 64       # more drafts per verify only waste forwards (acceptance decays geometrically)
+
+
+def check_draft_length(k) -> None:
+    if k == "auto":
+        return
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_DRAFT_LENGTH:
+        raise GenerationError(f"draft_length must be an integer in [1, {MAX_DRAFT_LENGTH}] or 'auto', got {k!r}")
+
+
+def _check_options(options: dict) -> dict:
+    """Strategy options must be ones some strategy reads (a misspelt name is an error, not a no-op)."""
+    known = {name for s in STRATEGIES.values() for name in s.options}
+    for key in options:
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(sorted(known)) or 'none'}"
+            raise GenerationError(f"unknown strategy option {key!r}{hint}")
+    return dict(options)
+
+
+def check_generation_args(max_new_tokens, temperature, top_k, top_p, seed, stop) -> tuple[SamplingParams, list[str]]:
+    """Every per-call argument, checked before anything runs (the CLI calls this before loading sessions)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.number))):
+            raise GenerationError(f"{name} must be a number, got {value!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))):
+        raise GenerationError(f"top_k must be an integer >= 1 or None, got {top_k!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise GenerationError(f"seed must be an integer >= 0 or None, got {seed!r}")
+    params = SamplingParams(temperature=float(temperature) if temperature is not None else temperature,
+                            top_k=top_k, top_p=top_p)
+    return params, _stop_strings(stop)
 
 
 def _stop_strings(stop) -> list[str]:

@@ -35,14 +35,14 @@ target's law. At temperature 0 p is a point mass: an accepted draft and the resi
 target's argmax, so the output equals greedy `ar` token for token (the decoder then skips the coins).
 
 Where it runs: `SpeculativeDecoder(..., draft_probability=a | "auto")` (auto = the bundle's a*), with
-any token-level strategy (sd, tli, rdk-taylor, rdk); verify.verify_sampled does the per-position
-accept/residual rule. `randomised_round` below is the round used at temperature > 0: it flips the
-coins first and runs the no-draft drafter forward on a worker thread while the target verifies
-(option concurrent_draft=False: Generation.token_round's sequential path, same law).
+any token-level strategy (sd, tli, rdk-taylor, rdk). The one round (rounds.draft_tokens) flips the
+coins first (`chain_length`: they are independent of q), drafts n tokens, and runs the no-draft
+position's drafter forward on the decoder's worker thread (`SideRunner`) while the target verifies
+(decoder option concurrent_draft=False: the same forward before the verify, same law and same draws);
+verify.verify_sampled does the per-position accept/residual rule.
 """
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
@@ -87,61 +87,3 @@ class SideRunner:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-
-
-# --------------------------------------------------------------------------- the concurrent round
-
-def randomised_round(gen, gamma: int) -> list[int]:
-    """One round of randomised drafting (temperature > 0) that runs the no-draft drafter forward on
-    the worker thread while the target's verify forward runs here (decoder option
-    `concurrent_draft`, default on). Same law as Generation.token_round's sequential path: the coins
-    are flipped first (they are independent of q), then the n drafts are made as usual."""
-    from edgespec.runtime.sampling import probabilities, sample
-    from edgespec.runtime.verify import verify_sampled
-
-    dec, st, params, rng = gen.dec, gen.stats, gen.params, gen.rng
-    ctx, a = gen.ctx, dec.draft_probability
-    n, no_draft = chain_length(rng, a, gamma)
-    drafts: list[int] = []
-    marks: list[int] = []
-    for j in range(n + no_draft):
-        if gen.drafter.length == len(ctx.ids):            # nothing new to feed: re-run the last token
-            gen.drafter.crop(gen.drafter.length - 1)
-        if j == n:                                        # the no-draft position: q only, concurrently
-            pending = ctx.ids[gen.drafter.length:]
-            was_prefill = gen.drafter.length == 0
-            side = getattr(dec, "_side_runner", None) or SideRunner()
-            dec._side_runner = side
-            t_submit = time.perf_counter()
-            future = side.submit(gen.drafter.forward, pending)
-            break
-        row = gen.draft_forward(ctx.ids[gen.drafter.length:])
-        x = sample(gen.draft_q(row, j), rng, dec.work[1])
-        drafts.append(x)
-        marks.append(len(ctx.ids))
-        ctx.ids.extend(ctx.feed_ids(x))
-    try:
-        logits = gen.target.forward([gen.last, *drafts])
-    finally:                                              # never leave the drafter running behind us
-        row = future.result()[-1] if no_draft else None
-    st.record_verify(n + 1, gen.target.last_ms)
-    if no_draft:
-        ms = gen.drafter.last_ms
-        st.draft_forwards += 1
-        st.overlap_ms += max(0.0, ms + gen.target.last_ms - (time.perf_counter() - t_submit) * 1e3)
-        if was_prefill:                                   # the drafter's prefill ran in this round
-            st.prefill_ms += ms
-        else:
-            st.draft_ms += ms
-            st.draft_ms_steps.append(ms)
-        gen.draft_q(row, n)
-    p = probabilities(logits, params, out=dec.p_rows[:n + 1])
-    d = np.asarray(drafts, dtype=np.int64)
-    n_acc, t = verify_sampled(p, dec.q_rows[:n + no_draft], d, rng, a, no_draft, work=dec.work)
-    gen.target.crop(gen.target.length - (n - n_acc))
-    if n_acc < n:
-        del ctx.ids[marks[n_acc]:]
-    gen.drafter.crop(min(gen.drafter.length, ctx.append_target(t)))
-    st.record_block(n, n_acc)
-    gen.last = t
-    return [*drafts[:n_acc], t]

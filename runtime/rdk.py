@@ -1,12 +1,16 @@
-"""Redistributing Drafter Kernels (RDK paper, rdk-out-of-vocabulary-sampling.md).
+"""Redistributing Drafter Kernels (RDK paper; docs/papers.md).
 
 Two out-of-vocabulary samplers that turn the TLI distribution q' over target ids into a draft
 distribution that may put mass on target tokens the pruned drafter head cannot produce:
 
-- `rdk_taylor_distribution`: Eq. 3, the first-order Taylor approximation, O(N) with N = |T|:
+- Taylor RDK, Eq. 3, the first-order Taylor approximation, O(N) with N = |T|:
       theta = p . q',   p~_i = (N q'_i + beta * theta * p_i) / (N + p_i),   p_Taylor = p~ / sum(p~)
   p is the calibrated target unigram prior (BUNDLE/vocab/prior.npy). beta = 1 is the paper's formula;
-  beta is our strength knob (theta -> beta * theta) so the profiler can sweep it.
+  beta is our strength knob (theta -> beta * theta) so the profiler can sweep it. Its implementation
+  is `RdkTaylor` (constants per prior; dense q') with `for_columns` -> `KeptTaylor` (q' on the kept
+  target ids: what the decoder runs), used by the runtime, calibrate and the acceptance study
+  (`rdk_taylor_distribution(q, p, beta)` is a one-off shorthand for it). tests/test_rdk.py checks it
+  against the formula as printed.
 - `rdk_distribution`: Algorithm 1, exact RDK p' = M^T q' with the calibrated sparse row-stochastic
   affinity M (rows: kept drafter columns, columns: target ids; BUNDLE/vocab/affinity.npz), O(nnz).
   With M = I (kept column r -> its target id) it is TLI, as the paper remarks.
@@ -23,24 +27,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.errors import BundleError
+from edgespec.errors import BundleError, GenerationError
+from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.tli import KeptColumns, kept_columns, target_argmax, tli_column_probs, tli_distribution
 
 
 # --------------------------------------------------------------------------- Taylor RDK (Eq. 3)
 
 def rdk_taylor_distribution(q_tli: np.ndarray, prior: np.ndarray, beta: float = 1.0,
                             out: np.ndarray | None = None) -> np.ndarray:
-    """Eq. 3 exactly as printed, with theta scaled by `beta` (beta = 1: the paper).
-
-    q_tli: TLI distribution q' over the N target ids (zero outside the intersection).
-    prior: the target prior p over the same N ids. Returns p_Taylor (in `out` when given)."""
-    n = q_tli.shape[0]
-    theta = float(np.einsum("i,i->", prior, q_tli))
-    out = np.multiply(q_tli, n, out=out)               # N q'_i
-    out += (beta * theta) * prior                      # + beta theta p_i
-    out /= n + prior                                   # / (N + p_i)
-    out /= out.sum()                                   # normalise over T
-    return out
+    """Eq. 3 on a dense q' over the N target ids, for one-off use (the one implementation: RdkTaylor)."""
+    return RdkTaylor(prior, beta)(q_tli, out=out)
 
 
 class RdkTaylor:
@@ -256,19 +253,16 @@ def _top_mass_rows(q: np.ndarray, mass: float) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- strategies `rdk-taylor`, `rdk`
-# Registered into strategies.STRATEGIES (strategies.py imports this module at its end). Options, from
-# the decoder's strategy options: rdk_beta (rdk-taylor strength, default 1 = Eq. 3 as printed) and
+# The pieces strategies.py registers. Options, from the decoder's strategy options: rdk_beta
+# (rdk-taylor strength, default 1 = Eq. 3 as printed) and
 # rdk_tol (rdk's dropped-mass tolerance, default 1e-3; 0 = every row of M).
-
-from edgespec.errors import GenerationError  # noqa: E402
-from edgespec.runtime import strategies as _strategies  # noqa: E402
 
 DEFAULT_TOL = 1e-3
 
 
 @dataclass
 class _RdkState:
-    cols: "_strategies.KeptColumns"
+    cols: KeptColumns
     taylor: "KeptTaylor | None" = None
     affinity: Affinity | None = None
     tol: float = DEFAULT_TOL
@@ -277,7 +271,7 @@ class _RdkState:
     out: np.ndarray | None = None           # [V_t] buffer (greedy drafts)
 
 
-def _check_taylor(bundle, options) -> None:
+def check_taylor(bundle, options) -> None:
     options = options or {}
     if bundle.prior is None:
         raise GenerationError("strategy 'rdk-taylor' needs the target prior vocab/prior.npy, which this bundle "
@@ -287,7 +281,7 @@ def _check_taylor(bundle, options) -> None:
         raise GenerationError(f"rdk_beta must be a finite number >= 0, got {beta!r}")
 
 
-def _check_rdk(bundle, options) -> None:
+def check_rdk(bundle, options) -> None:
     options = options or {}
     if bundle.affinity is None:
         raise GenerationError("strategy 'rdk' needs the affinity matrix M (vocab/affinity.npz), which this bundle "
@@ -298,9 +292,9 @@ def _check_rdk(bundle, options) -> None:
         raise GenerationError(f"rdk_tol must be in [0, 1), got {tol!r}")
 
 
-def _prepare_taylor(bundle, options) -> _RdkState:
+def prepare_taylor(bundle, options) -> _RdkState:
     options = options or {}
-    cols = _strategies.kept_columns(bundle, options)
+    cols = kept_columns(bundle, options)
     prior = np.asarray(bundle.prior, dtype=np.float64)
     if prior.shape != (cols.target_vocab,):
         raise BundleError(f"prior has {prior.shape[0]} entries but the target vocabulary has {cols.target_vocab}")
@@ -308,9 +302,9 @@ def _prepare_taylor(bundle, options) -> _RdkState:
     return _RdkState(cols, taylor=taylor, out=np.empty(cols.target_vocab))
 
 
-def _prepare_rdk(bundle, options) -> _RdkState:
+def prepare_rdk(bundle, options) -> _RdkState:
     options = options or {}
-    cols = _strategies.kept_columns(bundle, options)
+    cols = kept_columns(bundle, options)
     a = bundle.affinity
     m = Affinity.from_csr(a.data, a.indices, a.indptr, a.shape)
     if m.shape != (cols.index_map.shape[0], cols.target_vocab):
@@ -329,35 +323,28 @@ def _is_identity(m: Affinity, cols) -> bool:
                ((m.indptr, ident.indptr), (m.indices, ident.indices), (m.data, ident.data)))
 
 
-def _taylor_distribution(state: _RdkState, kept_logits, params, out):
+def taylor_distribution(state: _RdkState, kept_logits, params, out):
     cols = state.cols
-    return state.taylor.distribution(_strategies.tli_column_probs(kept_logits, cols, params), out)
+    return state.taylor.distribution(tli_column_probs(kept_logits, cols, params), out)
 
 
-def _rdk_distribution(state: _RdkState, kept_logits, params, out):
+def rdk_strategy_distribution(state: _RdkState, kept_logits, params, out):
     if state.identity:          # Algorithm 1 with M = I is TLI (the paper's remark): skip the no-op M^T q'
-        return _strategies.tli_distribution(state.cols, kept_logits, params, out)
-    state.q_kept[state.cols.valid_cols] = _strategies.tli_column_probs(kept_logits, state.cols, params)
+        return tli_distribution(state.cols, kept_logits, params, out)
+    state.q_kept[state.cols.valid_cols] = tli_column_probs(kept_logits, state.cols, params)
     return rdk_distribution(state.q_kept, state.affinity, out=out, tol=state.tol)
 
 
-_T1 = _strategies.SamplingParams(temperature=1.0)
+_T1 = SamplingParams(temperature=1.0)
 
 
-def _taylor_greedy(state: _RdkState, kept_logits) -> int:
+def taylor_greedy(state: _RdkState, kept_logits) -> int:
     """Temperature 0: the argmax of the RDK distribution built at temperature 1."""
-    return state.taylor.argmax(_strategies.tli_column_probs(kept_logits, state.cols, _T1))
+    return state.taylor.argmax(tli_column_probs(kept_logits, state.cols, _T1))
 
 
-def _rdk_greedy(state: _RdkState, kept_logits) -> int:
+def rdk_greedy(state: _RdkState, kept_logits) -> int:
     if state.identity:          # argmax of p' = q' over target ids, without the dense row
-        return _strategies.target_argmax(_strategies.tli_column_probs(kept_logits, state.cols, _T1), state.cols)
-    return int(np.argmax(_rdk_distribution(state, kept_logits, _T1, state.out)))
+        return target_argmax(tli_column_probs(kept_logits, state.cols, _T1), state.cols)
+    return int(np.argmax(rdk_strategy_distribution(state, kept_logits, _T1, state.out)))
 
-
-_strategies.register(_strategies.Strategy(
-    "rdk-taylor", "RDK first-order Taylor approximation (RDK paper, Eq. 3; option rdk_beta)",
-    prepare=_prepare_taylor, distribution=_taylor_distribution, greedy=_taylor_greedy, check=_check_taylor))
-_strategies.register(_strategies.Strategy(
-    "rdk", "exact RDK with the calibrated sparse affinity M (RDK paper, Algorithm 1; option rdk_tol)",
-    prepare=_prepare_rdk, distribution=_rdk_distribution, greedy=_rdk_greedy, check=_check_rdk))

@@ -17,6 +17,9 @@ import numpy as np
 from edgespec.errors import GenerationError
 
 
+MIN_TEMPERATURE = 1e-4        # any lower is greedy in effect, and logits / t overflow float32 below ~1e-36
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0
@@ -27,6 +30,9 @@ class SamplingParams:
         t = self.temperature
         if t is None or not np.isfinite(t) or t < 0:
             raise GenerationError(f"temperature must be a finite number >= 0, got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:
+            raise GenerationError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {t!r} "
+                                  "(logits / t would overflow float32)")
         if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 1):
             raise GenerationError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
@@ -37,12 +43,31 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def softmax_rows(x: np.ndarray) -> np.ndarray:
-    """In-place softmax over the last axis of a float array (-inf entries get probability 0)."""
-    x -= x.max(axis=-1, keepdims=True)
-    np.exp(x, out=x)
-    x /= x.sum(axis=-1, keepdims=True)
-    return x
+def softmax(logits: np.ndarray, temperature: float = 1.0, dtype=np.float32,
+            out: np.ndarray | None = None) -> np.ndarray:
+    """softmax(logits / temperature) over the last axis; -inf logits get probability 0. The one softmax
+    of edgespec (runtime, calibrate, the study, export's quality check).
+
+    Dtype rule: every step (the division by the temperature, the max shift, exp, the normalisation)
+    runs in `dtype`: float32 by default, the models' logit precision (calibrate's teacher-forced
+    passes); float64 where small masses matter (sampling probabilities, the acceptance study's pruned
+    drafters, export's quality check). With `out` (which may be `logits` itself: an in-place softmax)
+    the computation runs in out's dtype instead and `dtype` is ignored. Temperature 1 skips the
+    division (x / 1 == x exactly). The order is fixed: x / T, x - max(x), exp, x / sum(x).
+    (The decoder's draft step, tli.tli_column_probs, fuses the same steps with top-k between them
+    and a float64 normalisation; calibrate/priors.py's covariance estimator softmaxes ragged CSR rows.)"""
+    if out is None:
+        z = np.array(logits, dtype=dtype)                   # always a copy: the caller's logits stay
+    else:
+        z = out
+        if z is not logits:
+            np.copyto(z, logits)
+    if temperature != 1.0:
+        z /= z.dtype.type(temperature)
+    z -= z.max(axis=-1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=-1, keepdims=True)
+    return z
 
 
 def top_k_mask(row: np.ndarray, k: int) -> None:
@@ -87,7 +112,7 @@ def _top_k_row(logits_row: np.ndarray, params: SamplingParams, out_row: np.ndarr
     idx = np.flatnonzero(logits_row >= kth)
     vals = logits_row[idx].astype(np.float64)
     vals /= params.temperature
-    softmax_rows(vals)
+    softmax(vals, out=vals)
     if params.top_p is not None and params.top_p < 1.0:
         top_p_mask(vals, params.top_p)
         vals /= vals.sum()
@@ -110,7 +135,7 @@ def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | 
         return out
     np.divide(logits, params.temperature, out=out, casting="unsafe")
     rows = out.reshape(-1, v)
-    softmax_rows(rows)
+    softmax(rows, out=rows)
     if params.top_p is not None and params.top_p < 1.0:
         for r in rows:
             top_p_mask(r, params.top_p)

@@ -28,9 +28,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from edgespec.runtime.reencode import ByteEncoder
+from edgespec.runtime.rounds import Draft
 from edgespec.runtime.vocab import as_tokenizer, token_table
-
-SPECIAL_PREFIX = b"special:"
 
 
 @dataclass
@@ -68,12 +68,9 @@ class SlemTranslator:
     def __post_init__(self):
         self.target_tokenizer = as_tokenizer(self.target_tokenizer)
         self.drafter_tokenizer = as_tokenizer(self.drafter_tokenizer)
-        t_tab = token_table(self.target_tokenizer, self.target_vocab_size)
-        d_tab = token_table(self.drafter_tokenizer, self.drafter_vocab_size)
-        self._t_bytes = [None if k is None or k.startswith(SPECIAL_PREFIX) else k for k in t_tab.keys]
-        self._d_bytes = [None if k is None or k.startswith(SPECIAL_PREFIX) else k for k in d_tab.keys]
-        self._canonical = t_tab.canonical()
-        self._byte_ids = {b: self._canonical[bytes([b])] for b in range(256) if bytes([b]) in self._canonical}
+        self._target = ByteEncoder(self.target_tokenizer, self.target_vocab_size)
+        self._t_bytes = self._target.text_keys                     # target id -> bytes, None for specials
+        self._d_bytes = token_table(self.drafter_tokenizer, self.drafter_vocab_size).text_keys()
 
     # ------------------------------------------------------------------ pieces
     def target_bytes(self, tid: int) -> bytes | None:
@@ -104,7 +101,7 @@ class SlemTranslator:
         return win
 
     def encode(self, text: str) -> list[int]:
-        return self.target_tokenizer.encode(text, add_special_tokens=False).ids
+        return self._target.encode(text)
 
     # ------------------------------------------------------------------ the proposal
     def propose(self, committed: Sequence[int], draft: Sequence[int]) -> Proposal:
@@ -145,87 +142,45 @@ class SlemTranslator:
         """Target ids whose bytes are `data`: valid UTF-8 runs are tokenised (no dummy prefix), stray
         bytes (invalid UTF-8, e.g. the rest of a character the committed text left open) become the
         target's single-byte tokens when it has them."""
-        out: list[int] = []
-        run: list[str] = []
-        for ch in data.decode("utf-8", errors="surrogateescape") + "\udc00":   # sentinel flushes the last run
-            if "\udc80" <= ch <= "\udcff" or ch == "\udc00":
-                if run:
-                    out += self._encode_no_dummy_prefix("".join(run).encode("utf-8"))
-                    run = []
-                if ch != "\udc00":
-                    out.append(self._byte_ids.get(ord(ch) - 0xDC00, -1))
-            else:
-                run.append(ch)
-        return [i for i in out if i >= 0]
+        return self._target.encode_bytes(data, self._target.encode_continuation)
 
     def _encode_no_dummy_prefix(self, data: bytes) -> list[int]:
-        """Encode text that continues a line: undo a SentencePiece-style prepended "▁" if the
-        tokenizer added one (drop a bare "▁" token, or swap "▁xy" for "xy" when that is a token)."""
-        ids = self.encode(data.decode("utf-8"))
-        first = self.target_bytes(ids[0]) if ids else None
-        lead = sum(len(self.target_bytes(t) or b"") for t in ids) - len(data)
-        if lead <= 0 or first is None or not first.startswith(b" " * lead):
-            return ids
-        if len(first) == lead:
-            return ids[1:]
-        rest_id = self._canonical.get(first[lead:])
-        return [rest_id] + ids[1:] if rest_id is not None else []
+        """Encode text that continues a line (runtime/reencode.py, `ByteEncoder.encode_continuation`)."""
+        return self._target.encode_continuation(data.decode("utf-8"))
 
 
 # --------------------------------------------------------------------------- strategy `slem`
-# A custom decode round (strategies.Strategy.round): drafting, proposal, one target forward, exact match.
-
-from edgespec.runtime import strategies as _strategies  # noqa: E402
-
+# Its propose/accept pieces of the one decode round (rounds.speculative_round); strategies.py registers them.
 
 @dataclass
-class _SlemState:
+class SlemState:
     translator: SlemTranslator
     draft_ids: np.ndarray                # kept column -> drafter id
     stop_ids: frozenset                  # drafter ids that end a draft (specials / EOS)
     max_proposal: int                    # cap on proposed target tokens per round (x gamma)
 
 
-def _prepare(bundle, options) -> _SlemState:
+def prepare(bundle, options) -> SlemState:
     options = options or {}
     tr = SlemTranslator(bundle.target.tokenizer, bundle.drafter.tokenizer, bundle.drafter_to_target,
                         bundle.target.vocab_size, bundle.drafter.vocab_size,
                         lookbehind=int(options.get("slem_lookbehind", 8)))
     stops = frozenset(i for i, b in enumerate(tr._d_bytes) if b is None) | frozenset(bundle.drafter.eos_ids)
-    return _SlemState(tr, np.asarray(bundle.draft_ids), stops, int(options.get("slem_max_proposal", 3)))
+    return SlemState(tr, np.asarray(bundle.draft_ids), stops, int(options.get("slem_max_proposal", 3)))
 
 
-def exact_match(gen, logits: np.ndarray, proposal: list[int]) -> tuple[int, int]:
-    """Algorithm 2, lines 9-11: the target picks its own token at each position (gen.pick: argmax, or
-    a draw from its processed p); accept proposals while they are equal; return (accepted, the
-    target's token at the first mismatch, or its bonus token after a full match)."""
-    n_acc = 0
-    while True:
-        t = gen.pick(logits[n_acc])
-        if n_acc == len(proposal) or t != proposal[n_acc]:
-            return n_acc, t
-        n_acc += 1
-
-
-def slem_round(gen, gamma: int) -> list[int]:
-    """One round of Algorithm 2 in the decode loop (see decoder.Generation for the state it uses).
-
-    1. the drafter drafts up to gamma tokens in its own vocabulary, greedily (for exact-match
-       verification the draft maximising P(accept) = p(d) is the most likely one, and the drafter's
-       argmax is its best guess: better than a draw from q, whose acceptance is sum_d q(d) p(d));
-    2. the draft text is re-tokenised for the target (SlemTranslator.propose);
-    3. ONE target forward over [last, t_1..t_m]; at each position the target picks its own token
-       (argmax, or a draw from its processed p) and we accept while it equals t_j;
-    4. roll back both KV caches; the drafter context is rebuilt from the committed target tokens,
-       keeping the drafter KV of the draft tokens that the committed text reproduced."""
-    dec, st, state, ctx = gen.dec, gen.stats, gen.dec.state, gen.ctx
+def propose(gen, gamma: int) -> Draft:
+    """Algorithm 2, lines 3-8: the drafter drafts up to gamma tokens in its own vocabulary, greedily
+    (for exact-match verification the draft maximising P(accept) = p(d) is the most likely one, and
+    the drafter's argmax is its best guess: better than a draw from q, whose acceptance is
+    sum_d q(d) p(d)); the draft text is re-tokenised for the target (SlemTranslator.propose).
+    The draft's drafter tokens stay in the context only until the round's rollback (rounds.py), which
+    keeps the drafter KV of those the committed text reproduces."""
+    state, ctx = gen.dec.state, gen.ctx
     mark = len(ctx.ids)
     draft: list[int] = []
     for _ in range(gamma):
-        if gen.drafter.length == len(ctx.ids):
-            gen.drafter.crop(gen.drafter.length - 1)
-        row = gen.draft_forward(ctx.ids[gen.drafter.length:])
-        d = int(state.draft_ids[int(np.argmax(row))])
+        d = int(state.draft_ids[int(np.argmax(gen.draft_forward()))])
         draft.append(d)
         if d in state.stop_ids:
             break
@@ -234,31 +189,19 @@ def slem_round(gen, gamma: int) -> list[int]:
     committed_tail = (gen.prompt_ids[-look:] + gen.generated[-look:])[-look:]
     before = state.translator.realignments
     proposal = state.translator.propose(committed_tail, draft).ids
-    st.slem_realignments += state.translator.realignments - before
+    gen.stats.slem_realignments += state.translator.realignments - before
     remaining = gen.max_new_tokens - len(gen.generated)
     proposal = proposal[:max(0, min(remaining - 1, state.max_proposal * gamma))]
-    m = len(proposal)
-    logits = gen.target.forward([gen.last, *proposal])
-    st.record_verify(m + 1, gen.target.last_ms)
-    n_acc, t = exact_match(gen, logits, proposal)
-    gen.target.crop(gen.target.length - (m - n_acc))
-    new = [*proposal[:n_acc], t]
-    fed = ctx.ids[mark:gen.drafter.length]                # draft tokens now in the drafter's KV
-    del ctx.ids[mark:]
-    valid = mark                                          # the KV prefix the rebuilt context still matches
-    for tok in new:
-        valid = min(valid, ctx.append_target(tok))
-    if valid == mark:
-        same = 0
-        while same < len(fed) and mark + same < len(ctx.ids) and ctx.ids[mark + same] == fed[same]:
-            same += 1
-        valid += same
-    gen.drafter.crop(min(gen.drafter.length, valid))
-    st.record_block(m, n_acc)
-    gen.last = t
-    return new
+    return Draft(tokens=proposal, keep=[mark] * (len(proposal) + 1), refeed=True)
 
 
-_strategies.register(_strategies.Strategy(
-    "slem", "String-Level Exact Match (heterogeneous-vocabularies paper, Algorithm 2; any temperature)",
-    prepare=_prepare, distribution=None, greedy=None, round=slem_round))
+def accept(gen, logits: np.ndarray, draft: Draft) -> tuple[int, int]:
+    """Algorithm 2, lines 9-11: the target picks its own token at each position (gen.pick: argmax, or
+    a draw from its processed p); accept proposals while they are equal; return (accepted, the
+    target's token at the first mismatch, or its bonus token after a full match)."""
+    n_acc = 0
+    while True:
+        t = gen.pick(logits[n_acc])
+        if n_acc == len(draft.tokens) or t != draft.tokens[n_acc]:
+            return n_acc, t
+        n_acc += 1

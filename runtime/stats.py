@@ -52,6 +52,13 @@ Profiler hooks
   over median(verify_ms_by_k[1]) of an `ar` run.
 - `draft_ms_steps`: each drafter run's ms after its prefill (in order).
 - `accepted_per_step`: accepted drafts of each verify forward (in order); `drafted_per_step` likewise.
+- `gamma_per_step`: the draft length chosen for each round (draft_length="auto": the governor's choice;
+  a round may draft fewer: randomised coins, a confidence stop, a short n-gram match).
+- `fallback_ms`: target time of the rounds a speculative strategy ran with gamma = 0 (plain decoding:
+  the governor's fallback, the end of the budget, or no room in the drafter's context).
+- `zero_accept_share` (derived): share of drafting rounds that kept no draft.
+- `acceptance_by_position` (derived): per draft position j, P(accepted | reached), reached = drafts
+  before j all accepted and a draft j proposed.
 
 Environment
 - `providers`: {"target": [...], "drafter": [...]} as reported by session.get_providers().
@@ -67,7 +74,8 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class GenerationStats:
     strategy: str = ""
-    draft_length: int = 0
+    draft_length: int | float = 0     # gamma; with draft_length="auto": the mean gamma chosen per round
+    draft_length_setting: int | str = 0
     new_tokens: int = 0
     prompt_tokens: int = 0
     prefill_tokens: int = 0          # tokens emitted straight from the target's prefill (1, or 0 if none)
@@ -90,6 +98,8 @@ class GenerationStats:
     draft_ms_steps: list = field(default_factory=list)
     accepted_per_step: list = field(default_factory=list)
     drafted_per_step: list = field(default_factory=list)
+    gamma_per_step: list = field(default_factory=list)
+    fallback_ms: float = 0.0
     providers: dict = field(default_factory=dict)
     fallbacks: list = field(default_factory=list)
     stop_reason: str = ""
@@ -124,6 +134,21 @@ class GenerationStats:
     def sampler_share(self) -> float | None:
         return self.sampler_ms / self.draft_ms if self.draft_ms > 0 else None
 
+    @property
+    def zero_accept_share(self) -> float | None:
+        """Share of rounds that drafted something and kept none of it."""
+        rounds = [a for d, a in zip(self.drafted_per_step, self.accepted_per_step) if d > 0]
+        return sum(a == 0 for a in rounds) / len(rounds) if rounds else None
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """P(draft j accepted | drafts 1..j-1 accepted and draft j proposed), j = 1.. ."""
+        out = []
+        for j in range(1, max(self.drafted_per_step, default=0) + 1):
+            reached = [a >= j for d, a in zip(self.drafted_per_step, self.accepted_per_step) if d >= j and a >= j - 1]
+            out.append(sum(reached) / len(reached) if reached else None)
+        return out
+
     def record_block(self, drafted: int, accepted: int) -> None:
         """Book one verified block: `drafted` drafts were proposed, `accepted` of them kept."""
         self.drafted += drafted
@@ -142,7 +167,7 @@ class GenerationStats:
         d = asdict(self)
         d["verify_ms_by_k"] = {str(k): v for k, v in self.verify_ms_by_k.items()}
         for name in ("overhead_ms", "acceptance_rate", "tau", "tokens_per_s", "decode_tokens_per_s", "overhead_share",
-                     "sampler_share"):
+                     "sampler_share", "zero_accept_share", "acceptance_by_position"):
             d[name] = getattr(self, name)
         return d
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 SPIECE_SPACE = "\u2581"  # ▁
+SPECIAL_PREFIX = b"special:"  # key prefix of added special tokens (``special:<content>``): never text
 
 
 @lru_cache(maxsize=1)
@@ -139,7 +140,7 @@ class TokenTable:
     """Decoded keys of every id of one tokenizer."""
     style: str
     size: int                                   # max id + 1 (or the model's vocabulary size)
-    keys: list[bytes | None]                    # per id; b"special:<content>" for added tokens
+    keys: list[bytes | None]                    # per id; SPECIAL_PREFIX + content for added specials
     added: set[int] = field(default_factory=set)
     special: set[int] = field(default_factory=set)
     byte_fallback: set[int] = field(default_factory=set)
@@ -154,6 +155,10 @@ class TokenTable:
             if j is None or (j in self.byte_fallback and i not in self.byte_fallback):
                 out[k] = i
         return out
+
+    def text_keys(self) -> list[bytes | None]:
+        """`keys` with the added special tokens as None: what each id spells in text."""
+        return [None if k is None or k.startswith(SPECIAL_PREFIX) else k for k in self.keys]
 
 
 def token_table(tokenizer: Any, size: int | None = None) -> TokenTable:
@@ -172,7 +177,7 @@ def token_table(tokenizer: Any, size: int | None = None) -> TokenTable:
             if getattr(at, "special", False):
                 table.special.add(i)
             # A non-special added token that is plain text still decodes to its text.
-            keys[i] = (b"special:" + at.content.encode("utf-8")) if at.special else at.content.encode("utf-8")
+            keys[i] = (SPECIAL_PREFIX + at.content.encode("utf-8")) if at.special else at.content.encode("utf-8")
             continue
         keys[i] = token_bytes(token, style)
         if _byte_fallback(token) is not None:

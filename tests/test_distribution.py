@@ -9,7 +9,7 @@ import pytest
 
 from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime import decoder as decoder_module
+from edgespec.runtime import rounds as rounds_module
 from edgespec.runtime.sampling import SamplingParams, sample
 
 PROMPT = "The quick brown"
@@ -42,7 +42,7 @@ def _verify_without_residual(p, q, drafts, rng, a=1.0, terminal_nodraft=False, w
 
 
 def test_broken_verifier_fails_the_same_test(tiny_self_bundle, monkeypatch):
-    monkeypatch.setattr(decoder_module, "verify_sampled", _verify_without_residual)
+    monkeypatch.setattr(rounds_module, "verify_sampled", _verify_without_residual)
     b = Bundle.load(tiny_self_bundle)
     dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1)
     samples = sample_tokens(dec, _ids(b), N, 0, SamplingParams(temperature=1.0))

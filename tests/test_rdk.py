@@ -101,7 +101,7 @@ def test_rdk_strategy_with_identity_m_runs_tli(dups):
     weight below 1 sends it back to the general path."""
     from types import SimpleNamespace
 
-    from edgespec.runtime import rdk as R, strategies as S
+    from edgespec.runtime import rdk as R, tli as S
 
     rng = np.random.default_rng(5)
     v, k = 300, 90
@@ -111,21 +111,21 @@ def test_rdk_strategy_with_identity_m_runs_tli(dups):
         index_map[[10, 11]] = index_map[12]
     m = Affinity.identity(index_map, v)
     bundle = SimpleNamespace(index_map=index_map, target=SimpleNamespace(vocab_size=v), affinity=m)
-    state = R._prepare_rdk(bundle, {})
+    state = R.prepare_rdk(bundle, {})
     assert state.identity
     general = R._RdkState(state.cols, affinity=m, tol=0.0, q_kept=np.zeros(k), out=np.empty(v))
     for t in range(20):
         logits = (rng.normal(size=k) * (1 + t % 4)).astype(np.float32)
-        q = R._rdk_distribution(state, logits, S.SamplingParams(temperature=0.8), np.full(v, np.nan))
-        want = R._rdk_distribution(general, logits, S.SamplingParams(temperature=0.8), np.empty(v))
+        q = R.rdk_strategy_distribution(state, logits, S.SamplingParams(temperature=0.8), np.full(v, np.nan))
+        want = R.rdk_strategy_distribution(general, logits, S.SamplingParams(temperature=0.8), np.empty(v))
         np.testing.assert_allclose(q, want, rtol=1e-12, atol=1e-15)
-        assert R._rdk_greedy(state, logits) == R._rdk_greedy(general, logits)
+        assert R.rdk_greedy(state, logits) == R.rdk_greedy(general, logits)
     for data in (np.where(np.arange(m.data.size) == 3, 0.9995, 1.0), m.data):
         indices = m.indices.copy()
         if data is m.data:
             indices[7] = (indices[7] + 1) % v                    # one entry off the diagonal
         bundle.affinity = Affinity.from_csr(data, indices, m.indptr, m.shape)
-        assert not R._prepare_rdk(bundle, {}).identity
+        assert not R.prepare_rdk(bundle, {}).identity
 
 
 def _random_affinity(rng, k, v, max_row):
@@ -283,7 +283,7 @@ def test_tli_adds_up_columns_that_share_a_target_id(dups):
     """TLI's scatter (bincount over the distinct ids) equals the literal sum over columns."""
     from types import SimpleNamespace
 
-    from edgespec.runtime import strategies as S
+    from edgespec.runtime import tli as S
 
     rng = np.random.default_rng(11)
     index_map = rng.choice(500, 120, replace=False)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from edgespec.errors import GenerationError
-from edgespec.runtime import strategies as S
+from edgespec.runtime import strategies as R, tli as S
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
 from test_verify import ScriptedRNG  # tests/ is on sys.path (conftest.py)
 
@@ -98,16 +98,16 @@ def test_tli_with_top_k_and_temperature():
 
 def test_strategy_registry():
     with pytest.raises(GenerationError, match="unknown strategy"):
-        S.get_strategy("nope")
-    assert S.get_strategy("sd").distribution is S.get_strategy("tli").distribution   # one code path
-    custom = S.register(S.Strategy("test-uniform", "uniform over the intersection",
+        R.get_strategy("nope")
+    assert R.get_strategy("sd").distribution is R.get_strategy("tli").distribution   # one code path
+    custom = R.register(R.Strategy("test-uniform", "uniform over the intersection",
                                    distribution=lambda st, lg, pr, out: S.scatter_to_target(
                                        np.full(st.valid_cols.size, 1 / st.valid_cols.size), st, out)))
     try:
         state = custom.prepare(_FakeBundle([2, 0], 3), {})
         assert custom.greedy(state, np.zeros(2, dtype=np.float32)) in (0, 2)    # default greedy = argmax of q
     finally:
-        S.STRATEGIES.pop("test-uniform")
+        R.STRATEGIES.pop("test-uniform")
 
 
 def test_two_level_sampler_is_the_full_inverse_cdf():

@@ -1,0 +1,81 @@
+"""`draft_length="auto"`: choose gamma in {0..gamma_max} before each round to maximise expected
+tokens per second, from estimates measured in this process (nothing hard-coded):
+
+    E[tokens | gamma] = 1 + sum_{j<=gamma} prod_{i<=j} alpha_i        (alpha_i: acceptance at draft position i)
+    time(gamma)       = gamma * c_draft + t_verify(gamma + 1)
+    gamma*            = argmax E / time;   gamma = 0 is plain decoding (`ar`)
+
+alpha_i is a decayed count ratio with a Beta(1, 1) prior; c_draft and t_verify(k) are exponential
+moving averages of measured forwards (t_verify of an unmeasured k borrows the nearest measured k, an
+optimistic guess that the next measurement corrects). When gamma = 0 wins, the governor stops
+drafting and re-probes with gamma = 1 after `probe_every` rounds, doubling the wait (up to 64) each
+time the probe loses again: a cooldown like onnxruntime-genai's.
+
+Lossless: gamma is a function of past rounds only (their acceptance and timings), never of the draws
+the current round's verification uses, so every round still emits each token from the target's
+conditional (and greedy output equals `ar`'s).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DECAY = 0.95           # weight of the past per round (~20-round memory)
+EMA = 0.2              # weight of a new timing sample
+PROBE_FIRST, PROBE_MAX = 8, 64
+
+
+class Governor:
+    def __init__(self, gamma_max: int):
+        self.gamma_max = int(gamma_max)
+        self.reached = np.zeros(gamma_max)         # decayed counts per draft position
+        self.accepted = np.zeros(gamma_max)
+        self.verify_ms = np.full(gamma_max + 2, np.nan)   # index k = tokens fed
+        self.draft_ms = np.nan
+        self.probe_every = PROBE_FIRST
+        self.rounds_at_zero = 0
+        self.chosen: list[int] = []
+
+    def choose(self, limit: int) -> int:
+        """gamma for the next round, at most `limit` (tokens left, drafter context room)."""
+        limit = min(limit, self.gamma_max)
+        if limit <= 0:
+            return 0
+        if np.isnan(self.draft_ms) or np.isnan(self.verify_ms[1]):
+            gamma = limit                  # measure a full round and one plain step first
+            if np.isnan(self.verify_ms[1]) and not np.isnan(self.draft_ms):
+                gamma = 0
+        else:
+            gamma = int(np.argmax(self.rates(limit)))
+            if gamma == 0:
+                self.rounds_at_zero += 1
+                if self.rounds_at_zero >= self.probe_every:
+                    gamma, self.rounds_at_zero = 1, 0
+                    self.probe_every = min(self.probe_every * 2, PROBE_MAX)
+            else:
+                self.rounds_at_zero, self.probe_every = 0, PROBE_FIRST
+        self.chosen.append(gamma)
+        return gamma
+
+    def rates(self, limit: int) -> np.ndarray:
+        """Expected tokens per ms for gamma = 0..limit."""
+        alpha = (self.accepted[:limit] + 1.0) / (self.reached[:limit] + 2.0)
+        expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(alpha))])
+        known = np.flatnonzero(~np.isnan(self.verify_ms))
+        ks = np.arange(1, limit + 2)
+        nearest = known[np.abs(known[None, :] - ks[:, None]).argmin(axis=1)]
+        cost = np.arange(limit + 1) * self.draft_ms + self.verify_ms[nearest]
+        return expected / cost
+
+    def update(self, drafted: int, accepted: int, verify_ms: float, draft_ms: list[float]) -> None:
+        """Book one round: positions 1..drafted were reached up to the first rejection."""
+        self.reached *= DECAY
+        self.accepted *= DECAY
+        reached = min(drafted, accepted + 1)
+        self.reached[:reached] += 1.0
+        self.accepted[:accepted] += 1.0
+        k = drafted + 1
+        if k < self.verify_ms.size:
+            old = self.verify_ms[k]
+            self.verify_ms[k] = verify_ms if np.isnan(old) else (1 - EMA) * old + EMA * verify_ms
+        for ms in draft_ms:
+            self.draft_ms = ms if np.isnan(self.draft_ms) else (1 - EMA) * self.draft_ms + EMA * ms

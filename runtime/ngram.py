@@ -1,0 +1,51 @@
+"""Prompt-lookup drafting (`ngram`): draft the continuation of the latest earlier occurrence of the
+last n tokens (n = max_n .. 1) of prompt + output; no drafter model.
+
+The draft distribution is one-hot on the proposed token, so verify.py's rejection sampling accepts d
+with probability min(1, p(d)) = p(d) and otherwise draws from norm(max(p - onehot(d), 0)), which is
+p conditioned on "not d": the emitted token has law p(d) 1[d] + (1 - p(d)) p(.|not d) = p. Greedy
+verification accepts while d is the target's argmax. Lossless either way.
+
+`ngram-tli` combines it with the model drafter: an n-gram draft when a match exists, the drafter's
+TLI draft otherwise (the drafter's context is kept in step either way, see rounds.draft_tokens).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from edgespec.errors import GenerationError
+from edgespec.runtime.rounds import Draft, draft_tokens, lookup_draft
+
+DEFAULT_MAX_N = 4
+LOOKBACK = 4096             # search the last tokens only: O(LOOKBACK) per round
+
+
+def lookup(history: np.ndarray, max_n: int, gamma: int) -> list[int]:
+    """The up-to-gamma tokens that followed the latest earlier occurrence of history's last n tokens,
+    for the largest n in max_n..1 that has one; [] when none."""
+    hist = history[-LOOKBACK:]
+    size = hist.shape[0]
+    for n in range(min(max_n, size - 1), 0, -1):
+        windows = sliding_window_view(hist[:size - 1], n)      # starts i with i + n <= size - 1
+        hits = np.flatnonzero((windows == hist[size - n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return hist[start:start + gamma].tolist()
+    return []
+
+
+def check(bundle, options) -> None:
+    n = (options or {}).get("ngram_max_n", DEFAULT_MAX_N)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise GenerationError(f"ngram_max_n must be an integer >= 1, got {n!r}")
+
+
+def propose(gen, gamma: int) -> Draft:
+    """The n-gram continuation when there is one; else the drafter's draft (ngram-tli), or none."""
+    max_n = int(gen.dec.options.get("ngram_max_n", DEFAULT_MAX_N))
+    history = np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64)
+    found = lookup(history, max_n, gamma)
+    if found or gen.drafter is None:
+        return lookup_draft(gen, found)
+    return draft_tokens(gen, gamma)

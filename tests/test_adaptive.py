@@ -1,0 +1,119 @@
+"""draft_length="auto" (the governor), the confidence stop, prompt lookup (`ngram`, `ngram-tli`) and
+strategy="auto": greedy identity with `ar`, the target's law at T > 0 (with a negative control), and
+one-line errors for bad settings."""
+import numpy as np
+import pytest
+
+from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
+from edgespec.errors import GenerationError
+from edgespec.runtime import Bundle, SpeculativeDecoder
+from edgespec.runtime import rounds as rounds_module
+from edgespec.runtime.governor import Governor
+from edgespec.runtime.ngram import lookup
+from edgespec.runtime.sampling import SamplingParams, sample
+
+PROMPTS = ["The quick brown fox. The quick brown", "def add(a, b):\n    return a + b\n\ndef add(",
+           "1, 2, 3, 1, 2, 3, 1,", "Once upon a time"]
+CONFIGS = [dict(strategy="ngram"), dict(strategy="ngram-tli"), dict(strategy="tli", draft_length="auto"),
+           dict(strategy="tli", draft_confidence=0.5), dict(strategy="auto"), dict(strategy="ngram", draft_length="auto"),
+           dict(strategy="slem", draft_length="auto")]
+
+
+@pytest.mark.parametrize("which", ["self", "hetero"])
+def test_greedy_output_equals_ar(request, which):
+    b = Bundle.load(request.getfixturevalue(f"tiny_{which}_bundle"))
+    base = SpeculativeDecoder(b, strategy="tli", threads=1)
+    ar = base.variant("ar")
+    for cfg in CONFIGS:
+        dec = base.variant(**cfg) if "draft_confidence" not in cfg else \
+            SpeculativeDecoder(b, threads=1, draft_length=4, **cfg)
+        for p in PROMPTS:
+            assert dec.generate(p, max_new_tokens=24).token_ids == ar.generate(p, max_new_tokens=24).token_ids, (cfg, p)
+
+
+def test_the_governor_falls_back_and_reprobes():
+    gov = Governor(4)
+    for _ in range(3):                     # drafts that are never accepted, verify costs grow with k
+        g = gov.choose(4)
+        gov.update(g, 0, 10.0 + 5 * g, [4.0] * g)
+    picks = [gov.choose(4) for _ in range(40)]
+    for g in picks:
+        gov.update(g, 0, 10.0 + 5 * g, [4.0] * g)
+    assert picks.count(0) >= 30 and 1 in picks            # mostly plain decoding, with probes
+    good = Governor(4)
+    for _ in range(30):                    # everything accepted, cheap drafts: the longest draft wins
+        g = good.choose(4)
+        good.update(g, g, 10.0 + g, [1.0] * g)
+    assert good.choose(4) == 4
+
+
+def test_lookup_finds_the_latest_longest_match():
+    h = np.array([5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3])
+    assert lookup(h, 4, 3) == [7, 8, 1]          # the latest occurrence of [1, 2, 3]
+    assert lookup(h, 1, 2) == [7, 8]
+    assert lookup(np.array([4, 5, 6]), 4, 3) == []
+
+
+# Ids 20..499 in order: most first tokens occur in it once, followed by their successor, so prompt
+# lookup drafts in most samples (a few hundred tokens of prompt, within the tiny models' 512).
+LOOKUP_PROMPT = list(range(20, 500))
+
+
+@pytest.mark.parametrize("cfg, prompt", [
+    (dict(strategy="ngram", ngram_max_n=1), LOOKUP_PROMPT),
+    (dict(strategy="tli", draft_length="auto", draft_confidence=0.3), None),
+])
+def test_samples_the_target_distribution(tiny_self_bundle, cfg, prompt):
+    b = Bundle.load(tiny_self_bundle)
+    dec = SpeculativeDecoder(b, threads=1, **cfg)
+    ids = prompt or b.target.tokenizer.encode(PROMPTS[0]).ids
+    pvals = check_lossless(dec, b, ids, n=2000, seed=0)
+    assert min(pvals.values()) > ALPHA, pvals
+    if prompt:                                        # the lookup really drafted
+        st = dec.generate(ids, max_new_tokens=4, temperature=1.0, seed=1).stats
+        assert st.drafted > 0
+
+
+def _verify_accepting_everything(p, q, drafts, rng, a=1.0, terminal_nodraft=False, work=None):
+    return len(drafts), sample(p[len(drafts)], rng)
+
+
+def test_broken_verifier_fails_with_prompt_lookup(tiny_self_bundle, monkeypatch):
+    """Negative control: the same test catches a verifier that accepts every draft."""
+    monkeypatch.setattr(rounds_module, "verify_sampled", _verify_accepting_everything)
+    b = Bundle.load(tiny_self_bundle)
+    dec = SpeculativeDecoder(b, strategy="ngram", ngram_max_n=1, threads=1)
+    samples = sample_tokens(dec, LOOKUP_PROMPT, 2000, 0, SamplingParams(temperature=1.0))
+    pvals = check_lossless(dec, b, LOOKUP_PROMPT, samples=samples)
+    assert min(pvals["x2"], pvals["x3|x1x2"]) < ALPHA, pvals
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(strategy="ar", draft_length="auto"), "needs a speculative strategy"),
+    (dict(strategy="ngram", ngram_max_n=0), "ngram_max_n"),
+    (dict(strategy="ngram", draft_probability=0.5), "token-level"),
+    (dict(strategy="slem", draft_probability=0.5), "token-level"),
+    (dict(strategy="tli", draft_confidence=1.5), "draft_confidence"),
+    (dict(strategy="tli", draft_length="often"), "draft_length"),
+])
+def test_bad_settings(tiny_self_bundle, kwargs, match):
+    with pytest.raises(GenerationError, match=match):
+        SpeculativeDecoder(tiny_self_bundle, threads=1, **kwargs)
+
+
+def test_auto_picks_slem_for_greedy_hetero_and_tli_otherwise(tiny_hetero_bundle, tiny_self_bundle):
+    het = SpeculativeDecoder(tiny_hetero_bundle, threads=1)
+    assert het.generate(PROMPTS[3], max_new_tokens=4).stats.strategy == "slem"
+    assert het.generate(PROMPTS[3], max_new_tokens=4, temperature=1.0, seed=0).stats.strategy == "tli"
+    same = SpeculativeDecoder(tiny_self_bundle, threads=1)
+    assert same.generate(PROMPTS[3], max_new_tokens=4).stats.strategy == "tli"
+
+
+def test_auto_stats(tiny_self_bundle):
+    dec = SpeculativeDecoder(tiny_self_bundle, strategy="tli", draft_length="auto", max_draft_length=5, threads=1)
+    st = dec.generate(PROMPTS[0], max_new_tokens=32).stats
+    d = st.to_dict()
+    assert d["draft_length_setting"] == "auto" and 0 <= d["draft_length"] <= 5
+    assert len(st.gamma_per_step) == st.verify_forwards and max(st.gamma_per_step) <= 5
+    assert d["zero_accept_share"] is None or 0 <= d["zero_accept_share"] <= 1
+    assert all(a is None or 0 <= a <= 1 for a in d["acceptance_by_position"])
