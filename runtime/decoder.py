@@ -163,7 +163,7 @@ class SpeculativeDecoder:
         """This decoder, or for strategy="auto" the variant it stands for in this sampling mode."""
         if self.strategy.name != "auto":
             return self
-        name = choose_auto(self.bundle, greedy)
+        name = choose_auto(self.bundle, greedy, randomised=self.draft_probability is not None)
         if name not in self._auto:
             self._auto[name] = self.variant(name, draft_probability=self.draft_probability, **self.options)
         return self._auto[name]
