@@ -1,4 +1,4 @@
-"""The drafting probability a* of randomised drafting (randomised-drafting.md, Lemma 4.4 and §4.3).
+"""The drafting probability a* of randomised drafting (randomised-drafting paper, Lemma 4.4 and §4.3; docs/papers.md).
 
     a* = argmin_{a in [0,1]}  f(a),   f(a) = mean_n ||p_n - a q_n||_1 + a (2 lambda - 1)
 

@@ -5,6 +5,8 @@ import argparse
 import shlex
 from pathlib import Path
 
+from edgespec.calibrate.run import CalibrationConfig, calibrate
+
 EPILOG = """\
 outputs, next to VOCAB.json (written atomically: an interrupted run leaves none of them):
   VOCAB.json            kept drafter ids, tokenizer hash, provenance (for `edgespec export --vocab`)
@@ -94,8 +96,6 @@ def command_line(args) -> str:
 
 
 def run(args) -> int:
-    from edgespec.calibrate.run import CalibrationConfig, calibrate
-
     policy, value = next(((name, v) for name, v in (("keep", args.keep), ("coverage", args.coverage),
                                                      ("min-count", args.min_count)) if v is not None), (None, None))
     cfg = CalibrationConfig(

@@ -15,12 +15,16 @@ Two engines:
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from edgespec.errors import CalibrationError
+from edgespec.runtime.chat import as_messages, render_chat
+from edgespec.runtime.decoder import SpeculativeDecoder
 
 
 @dataclass
@@ -36,8 +40,6 @@ class _Budget:
     """Global token budget + progress bar shared by the prompts of one generation run."""
 
     def __init__(self, max_tokens: int, desc: str, progress: bool):
-        from tqdm import tqdm
-
         self.max_tokens = max_tokens
         self.used = 0
         self.bar = tqdm(total=max_tokens, desc=desc, unit="tok", disable=not progress, leave=False, mininterval=1.0)
@@ -54,13 +56,13 @@ class _Budget:
 
 class TorchGenerator:
     def __init__(self, hf_dir: Path, chat: bool | None = None):
-        try:
+        try:  # lazy: the [export] extra; a calibration from a bundle needs no torch
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as exc:
             raise CalibrationError(f"generating without a bundle needs torch + transformers "
                                    f"(pip install 'edgespec[export]'), or pass --bundle: {exc}") from None
-        torch.set_num_threads(1)          # 2 threads are pathological on these VMs (FACTS.md)
+        torch.set_num_threads(1)          # 2 threads are pathological on these VMs (docs/facts.md)
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(str(hf_dir))
         self.model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
@@ -110,10 +112,6 @@ class TorchGenerator:
 
 class BundleGenerator:
     def __init__(self, bundle, ep: str = "cpu", threads: int | None = 1, chat: bool | None = None):
-        try:
-            from edgespec.runtime import SpeculativeDecoder
-        except ImportError as exc:
-            raise CalibrationError(f"the runtime decoder is not available ({exc}); drop --bundle to use torch") from None
         self.bundle = bundle
         self.dec = SpeculativeDecoder(bundle, strategy="tli" if bundle.same_tokenizer else "ar", draft_length=3, ep=ep,
                                       threads=threads)
@@ -128,8 +126,6 @@ class BundleGenerator:
 
     def prompt_ids(self, text: str) -> tuple[str, np.ndarray]:
         if self.chat:
-            from edgespec.runtime.chat import as_messages, render_chat
-
             rendered = render_chat(self.bundle.target.chat_template, as_messages(text),
                                    bos_token=self._token(self.bundle.target.bos_id) or "",
                                    eos_token=self._token((self.eos or [None])[0]) or "")
@@ -190,8 +186,6 @@ def generate_corpus(generator, prompts, max_tokens: int, max_new_tokens: int = 2
 def save_generations(path: Path, gens: dict, hashes: dict) -> None:
     """Generations as jsonl, one record per prompt: source, id, prompt_text, prompt_ids, text, token_ids,
     vocab_hash (of the generating model's tokenizer). `--generated` reads them back."""
-    import json
-
     with open(path, "w", encoding="utf-8") as f:
         for source, items in gens.items():
             for g in items:
@@ -203,8 +197,6 @@ def save_generations(path: Path, gens: dict, hashes: dict) -> None:
 def load_generations(paths: list[Path], source: str, vocab_hash: str) -> list[Generation]:
     """The `source` ("target"/"drafter") records of saved generation files; refuses records made with
     another tokenizer."""
-    import json
-
     out: list[Generation] = []
     for path in paths:
         with open(path, encoding="utf-8") as f:

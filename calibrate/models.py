@@ -7,15 +7,23 @@ run through torch). Nothing heavy is loaded until a source needs it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from edgespec.calibrate.generate import BundleGenerator, TorchGenerator
+from edgespec.calibrate.select import always_kept
+from edgespec.calibrate.teacher import OrtLogits, TorchLogits
 from edgespec.errors import CalibrationError
+from edgespec.export.sources import resolve
+from edgespec.models import get_pair
+from edgespec.runtime.bundle import Bundle
+from edgespec.runtime.manifest import manifest_sha256
+from edgespec.runtime.vocab import as_tokenizer, build_maps, vocab_hash
 
 
 @dataclass
@@ -50,15 +58,11 @@ class Models:
             if not spec:
                 raise CalibrationError(f"the {side} model is needed through torch here, but no source is known; "
                                        "give --pair or --target/--drafter")
-            from edgespec.export.sources import resolve
-
             self._dirs[side] = resolve(spec).hf_dir
         return self._dirs[side]
 
     # ------------------------------------------------------------------ generation
     def generator(self, side: str):
-        from edgespec.calibrate.generate import BundleGenerator, TorchGenerator
-
         if self.bundle is not None and (side == "target" or self.same_model):
             return BundleGenerator(self.bundle, self.ep, self.threads, self.chat)
         return TorchGenerator(self.hf_dir(side), self.chat)
@@ -66,8 +70,6 @@ class Models:
     # ------------------------------------------------------------------ teacher forcing
     def target_logits(self):
         """fn(ids, rows) -> target logits [len(rows), V_t]."""
-        from edgespec.calibrate.teacher import OrtLogits, TorchLogits
-
         if "target" not in self._logits:
             if self.bundle is not None:
                 inner = OrtLogits(self.bundle.target.onnx, ep=self.ep, threads=self.threads, role="target")
@@ -78,8 +80,6 @@ class Models:
 
     def drafter_logits(self, kept_ids: np.ndarray):
         """fn(ids, rows) -> drafter logits at the kept ids [len(rows), K], and a description."""
-        from edgespec.calibrate.teacher import OrtLogits, TorchLogits
-
         kept_ids = np.asarray(kept_ids, dtype=np.int64)
         if self.same_model and self.same_tokenizer:
             return _ColumnsOf(self.target_logits(), kept_ids), "target graph (drafter is the target model)"
@@ -95,8 +95,6 @@ class Models:
         """Drafter/target decode-step time ratio: the bundle's graphs (pruned drafter) on the chosen EP,
         else the torch models (full drafter head). Single-token steps after a 32-token prefill,
         drafter and target interleaved so that machine load hits both alike; ratio of the medians."""
-        from edgespec.calibrate.teacher import OrtLogits, TorchLogits
-
         t = self.target_logits().inner
         if self.bundle is not None:
             d = OrtLogits(self.bundle.drafter.onnx, ep=self.ep, threads=self.threads, role="drafter")
@@ -112,8 +110,6 @@ class Models:
 
 def _interleaved_step_ms(steps, n_steps: int) -> list[float]:
     """Median ms of a 1-token decode step for each (forward, reset), measured alternately."""
-    import time
-
     for forward, reset in steps:
         reset()
         forward(np.arange(1, 33, dtype=np.int64))
@@ -159,16 +155,11 @@ def _config_vocab(hf_dir: Path, tok) -> int:
 
 
 def resolve_models(cfg) -> Models:
-    from edgespec.calibrate.select import always_kept
-    from edgespec.runtime.vocab import as_tokenizer, build_maps, vocab_hash
-
     specs: dict = {}
     pair = cfg.pair
     if cfg.pair:
         if cfg.target or cfg.drafter:
             raise CalibrationError("give either --pair NAME or --target SRC --drafter SRC, not both")
-        from edgespec.models import get_pair
-
         p = get_pair(cfg.pair)
         specs = {"target": p.target, "drafter": p.drafter}
     elif cfg.target or cfg.drafter:
@@ -177,16 +168,13 @@ def resolve_models(cfg) -> Models:
         specs = {"target": cfg.target, "drafter": cfg.drafter}
     inputs: dict = {}
     if cfg.bundle is not None:
-        from edgespec.runtime import Bundle
-
         b = Bundle.load(cfg.bundle, verify="fast")
         man = b.manifest
         for side in ("target", "drafter"):
             src = man[side].get("source") or {}
             specs.setdefault(side, src.get("spec"))
             inputs[side] = {"spec": src.get("spec"), "sha256": src.get("sha256")}
-        inputs["bundle"] = {"path": str(cfg.bundle), "manifest_sha256":
-                            hashlib.sha256((Path(cfg.bundle) / "manifest.json").read_bytes()).hexdigest()}
+        inputs["bundle"] = {"path": str(cfg.bundle), "manifest_sha256": manifest_sha256(cfg.bundle)}
         t_tok, d_tok = b.target.tokenizer, b.drafter.tokenizer
         v_t, v_d = int(man["target"]["vocab_size"]), int(man["drafter"]["vocab_size"])
         same_model = bool(inputs["target"]["sha256"]) and inputs["target"]["sha256"] == inputs["drafter"]["sha256"]
@@ -199,8 +187,6 @@ def resolve_models(cfg) -> Models:
     else:
         if not specs:
             raise CalibrationError("name the models: --pair NAME, --target SRC --drafter SRC, or --bundle DIR")
-        from edgespec.export.sources import resolve
-
         srcs = {side: resolve(spec) for side, spec in specs.items()}
         inputs = {side: {"spec": s.spec, "sha256": s.sha256} for side, s in srcs.items()}
         dirs = {side: s.hf_dir for side, s in srcs.items()}

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import CalibrationError
+from edgespec.hashing import sha256_file
 
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -123,6 +124,4 @@ class AtomicOutput:
 
 
 def file_digests(directory: Path) -> dict[str, str]:
-    import hashlib
-
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
+    return {p.name: sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file()}

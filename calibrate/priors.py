@@ -1,6 +1,6 @@
 """Priors for the samplers: the target unigram prior and the sparse affinity M for exact RDK.
 
-Target unigram prior (Taylor RDK's p, rdk-out-of-vocabulary-sampling.md Eq. 3):
+Target unigram prior (Taylor RDK's p, RDK paper Eq. 3; docs/papers.md):
     prior_j = (c_j + alpha) / (sum c + alpha V_t)        float32 over the target vocabulary, sums to 1.
 
 Affinity M (Algorithm 1's row-stochastic prior; rows = kept drafter columns, columns = target ids),

@@ -12,13 +12,21 @@ as much as millions of raw ones. One source alone gives exactly its counts.
 from __future__ import annotations
 
 import json
-import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from edgespec.calibrate import priors
+from edgespec.calibrate import select as sel
+from edgespec.calibrate.counts import (TokenCounter, _open_binary, count_corpus, expand_inputs, is_jsonl,
+                                       map_counts, sha256_file)
+from edgespec.calibrate.generate import generate_corpus, load_generations, save_generations
+from edgespec.calibrate.models import resolve_models
+from edgespec.calibrate.output import AtomicOutput, file_digests, output_paths, save_npz, versions
+from edgespec.calibrate.prompts import load_prompts, prompts_digest
+from edgespec.calibrate.tfpass import teacher_forced_priors
 from edgespec.errors import CalibrationError
 
 SOURCES = ("raw", "target", "drafter")
@@ -124,11 +132,6 @@ def check_config(cfg: CalibrationConfig) -> list[float]:
 
 def calibrate(cfg: CalibrationConfig) -> dict:
     """Run a calibration; returns the vocab.json document (also written to cfg.out)."""
-    from edgespec.calibrate import select as sel
-    from edgespec.calibrate.models import resolve_models
-    from edgespec.calibrate.output import AtomicOutput, file_digests, output_paths, save_npz, versions
-    from edgespec.calibrate.priors import unigram_prior
-
     weights = check_config(cfg)
     with AtomicOutput(cfg.out) as out:
         models = resolve_models(cfg)
@@ -144,17 +147,13 @@ def calibrate(cfg: CalibrationConfig) -> dict:
         _log(cfg, f"kept {selection.kept_ids.size} of {models.v_d} drafter tokens; coverage "
                   f"{selection.coverage:.4f} of the counted mass")
         curve = _curve(cfg, models, d_counts, selection, "+".join(cfg.sources))
-        prior = unigram_prior(t_counts, cfg.prior_alpha)
+        prior = priors.unigram_prior(t_counts, cfg.prior_alpha)
         np.save(out.priors / "prior.npy", prior)
         save_npz(out.priors / "counts.npz", drafter=d_counts, target=t_counts)
         priors_meta = {"prior": {"file": "prior.npy", "alpha": cfg.prior_alpha, "vocab_size": int(prior.size)}}
         if cfg.affinity or cfg.a_star:
-            from edgespec.calibrate.tfpass import teacher_forced_priors
-
             priors_meta.update(teacher_forced_priors(cfg, models, selection.kept_ids, gens, weights, out.priors, prior))
         if cfg.save_text is not None:
-            from edgespec.calibrate.generate import save_generations
-
             save_generations(out.tmp / "generations.jsonl", gens, {"target": models.t_hash, "drafter": models.d_hash})
             out.extra[out.tmp / "generations.jsonl"] = Path(cfg.save_text)
         provenance = {
@@ -169,10 +168,7 @@ def calibrate(cfg: CalibrationConfig) -> dict:
             "priors": priors_meta, "priors_files": file_digests(out.priors),
         }
         if cfg.vocab is not None:
-            import hashlib
-
-            provenance["kept_from"] = {"vocab": str(cfg.vocab),
-                                       "sha256": hashlib.sha256(Path(cfg.vocab).read_bytes()).hexdigest()}
+            provenance["kept_from"] = {"vocab": str(cfg.vocab), "sha256": sha256_file(cfg.vocab)}
         priors_rel = output_paths(cfg.out)["priors"].name
         doc = sel.vocab_document(selection, models.d_hash, models.v_d, provenance, priors_rel)
         out.commit(doc, curve, plot=sel.plot_curve)
@@ -193,8 +189,6 @@ def _combine(arrays: list[np.ndarray], weights: list[float]) -> np.ndarray:
 
 
 def _count_source(cfg: CalibrationConfig, models, name: str) -> tuple[dict, list]:
-    from edgespec.calibrate.counts import TokenCounter, count_corpus, expand_inputs, map_counts, sha256_file
-
     if name == "raw":
         paths = expand_inputs(cfg.data)
         counters = [TokenCounter(models.d_tok, models.v_d, "drafter")]
@@ -205,13 +199,8 @@ def _count_source(cfg: CalibrationConfig, models, name: str) -> tuple[dict, list
         d = counters[0].counts.astype(np.float64)
         t = d if models.same_tokenizer else counters[1].counts.astype(np.float64)
         return {"drafter": d, "target": t, "info": {"kind": "raw", **stats.summary()}}, []
-    from edgespec.calibrate.generate import generate_corpus
-    from edgespec.calibrate.prompts import load_prompts, prompts_digest
-
     size, other_size = (models.v_t, models.v_d) if name == "target" else (models.v_d, models.v_t)
     if cfg.generated:
-        from edgespec.calibrate.generate import load_generations
-
         paths = expand_inputs(cfg.generated, "--generated")
         gens = load_generations(paths, name, models.t_hash if name == "target" else models.d_hash)
         info = {"kind": name, "engine": "saved generations (--generated)", "files": [str(p) for p in paths],
@@ -244,8 +233,6 @@ def _count_source(cfg: CalibrationConfig, models, name: str) -> tuple[dict, list
 def _heldout_counts(path_specs: list[str], models) -> tuple[np.ndarray, dict]:
     """Counts of held-out text in the drafter vocabulary; generated jsonl files (--save-text) are
     read as their token ids when they were made with the drafter's tokenizer, else as text."""
-    from edgespec.calibrate.counts import TokenCounter, count_corpus, expand_inputs, is_jsonl
-
     paths = expand_inputs(path_specs, "--heldout")
     counter = TokenCounter(models.d_tok, models.v_d, "drafter")
     by_field: dict[str, list[Path]] = {}
@@ -258,8 +245,6 @@ def _heldout_counts(path_specs: list[str], models) -> tuple[np.ndarray, dict]:
 
 
 def _heldout_field(path: Path, d_hash: str) -> str:
-    from edgespec.calibrate.counts import _open_binary
-
     with _open_binary(path) as f:
         line = f.readline()
     try:
@@ -270,8 +255,6 @@ def _heldout_field(path: Path, d_hash: str) -> str:
 
 
 def _curve(cfg: CalibrationConfig, models, d_counts: np.ndarray, selection, source: str) -> dict:
-    from edgespec.calibrate import select as sel
-
     ks = sel.curve_points(models.v_d)
     order = sel.ranking(d_counts)
     doc = {"format": "edgespec-coverage", "source": source, "vocab_size": models.v_d, "k": ks.tolist(),
@@ -297,23 +280,3 @@ def _corpus_description(cfg: CalibrationConfig) -> str:
             parts.append(f"{s}-generated: {cfg.prompts} split {cfg.split}, <= {cfg.max_tokens} tokens")
     return "; ".join(parts)
 
-
-def sample_raw_texts(paths: list[Path], n_chars: int, seed: int, limit: int = 400) -> list[str]:
-    """Deterministic sample of raw-text excerpts (file order shuffled with the seed) for teacher forcing."""
-    from edgespec.calibrate.counts import SkipFile, iter_file_documents
-
-    order = list(paths)
-    random.Random(seed).shuffle(order)
-    out: list[str] = []
-    for p in order[:limit]:
-        try:
-            for doc in iter_file_documents(p, "text"):
-                if isinstance(doc, np.ndarray):
-                    continue
-                text = next(iter(doc), "")
-                if text.strip():
-                    out.append(text[:n_chars])
-                break
-        except (SkipFile, UnicodeDecodeError, OSError, EOFError):
-            continue
-    return out

@@ -12,15 +12,15 @@ Coverage = counted mass of the kept tokens / total counted mass.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import CalibrationError
+from edgespec.runtime.vocab import (VOCAB_FORMAT, VOCAB_FORMAT_VERSION, as_tokenizer, read_vocab_file, tokenizer_info,
+                                    vocab_hash)
 
-from edgespec.runtime.vocab import VOCAB_FORMAT, VOCAB_FORMAT_VERSION, read_vocab_file, vocab_hash
 POLICIES = ("keep", "coverage", "min-count")
 
 
@@ -100,8 +100,6 @@ def _check_keep(value: float, v: int, n_always: int) -> int:
 
 def always_kept(model_dir, tokenizer=None) -> list[int]:
     """Special tokens (as export keeps them) plus added tokens the chat template names."""
-    from edgespec.runtime.vocab import as_tokenizer, tokenizer_info
-
     info = tokenizer_info(model_dir, tokenizer)
     ids = set(info.special_ids)
     if info.chat_template:
@@ -133,7 +131,7 @@ def coverage_curve(counts: np.ndarray, ks: np.ndarray, order: np.ndarray | None 
 
 def plot_curve(doc: dict, path: Path) -> None:
     """Coverage against K (log x), the calibration curve and any held-out curves."""
-    import matplotlib
+    import matplotlib  # lazy: the optional [calibrate] extra; a missing matplotlib only skips the PNG
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -8,11 +8,18 @@ TLI, exact RDK with the new M and Taylor RDK with the prior (a quick check that 
 """
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import numpy as np
 
+from edgespec.calibrate.astar import AStarAccumulator
+from edgespec.calibrate.counts import SkipFile, expand_inputs, iter_file_documents
 from edgespec.calibrate.output import write_json
+from edgespec.calibrate.priors import (IDENTITY_GRID, acceptance_on, make_estimator, mix_identity, save_affinity,
+                                       top_entries)
+from edgespec.calibrate.teacher import (AStarFeed, ByteOffsets, aligned_generation, aligned_sequence, run_pass,
+                                        same_tokenizer_sequence)
 from edgespec.errors import CalibrationError
 
 HELDOUT_TOP = 512
@@ -20,8 +27,6 @@ DEFAULT_IDENTITY = 0.95       # identity weight when no held-out positions exist
 
 
 def _sequences(cfg, models, source: str, gens: list):
-    from edgespec.calibrate.teacher import ByteOffsets, aligned_generation, aligned_sequence, same_tokenizer_sequence
-
     same = models.same_tokenizer
     offsets = None if same else (ByteOffsets(models.t_tok), ByteOffsets(models.d_tok))
     if source in ("target", "drafter"):
@@ -34,9 +39,6 @@ def _sequences(cfg, models, source: str, gens: list):
             else:
                 yield aligned_generation(ids, g.prompt_text, own, other, source == "target", cfg.tf_max_len)
         return
-    from edgespec.calibrate.counts import expand_inputs
-    from edgespec.calibrate.run import sample_raw_texts
-
     for text in sample_raw_texts(expand_inputs(cfg.data), 6 * cfg.tf_max_len, cfg.seed):
         if same:
             ids = np.asarray(models.d_tok.encode(text, add_special_tokens=True).ids, dtype=np.int64)
@@ -45,14 +47,31 @@ def _sequences(cfg, models, source: str, gens: list):
             yield aligned_sequence(text, 0, *offsets, max_len=cfg.tf_max_len)
 
 
+def sample_raw_texts(paths: list[Path], n_chars: int, seed: int, limit: int = 400) -> list[str]:
+    """Deterministic sample of raw-text excerpts (file order shuffled with the seed) for teacher forcing."""
+    order = list(paths)
+    random.Random(seed).shuffle(order)
+    out: list[str] = []
+    for p in order[:limit]:
+        try:
+            for doc in iter_file_documents(p, "text"):
+                if isinstance(doc, np.ndarray):
+                    continue
+                text = next(iter(doc), "")
+                if text.strip():
+                    out.append(text[:n_chars])
+                break
+        except (SkipFile, UnicodeDecodeError, OSError, EOFError):
+            continue
+    return out
+
+
 class _Heldout:
     def __init__(self):
         self.p: list[tuple[np.ndarray, np.ndarray]] = []
         self.q: list[np.ndarray] = []
 
     def __call__(self, p: np.ndarray, q: np.ndarray) -> None:
-        from edgespec.calibrate.priors import top_entries
-
         idx, val = top_entries(p, HELDOUT_TOP)
         for i in range(p.shape[0]):
             self.p.append((idx[i], val[i].astype(np.float64)))
@@ -61,10 +80,6 @@ class _Heldout:
 
 def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights: list[float], priors_dir: Path,
                           prior: np.ndarray) -> dict:
-    from edgespec.calibrate.astar import AStarAccumulator
-    from edgespec.calibrate.priors import make_estimator, save_affinity
-    from edgespec.calibrate.teacher import AStarFeed, run_pass
-
     kept_ids = np.asarray(kept_ids, dtype=np.int64)
     index_map = models.d2t[kept_ids]
     consumers, every = [], []
@@ -121,8 +136,6 @@ def teacher_forced_priors(cfg, models, kept_ids: np.ndarray, gens: dict, weights
 def _choose_identity_weight(cfg, csr, index_map, v_t: int, heldout, prior) -> tuple[tuple, dict]:
     """Shrink M toward the identity (RDK -> TLI) by the weight with the best held-out acceptance
     sum min(p, M^T q'); ties go to the larger weight. A fixed --affinity-identity W skips the search."""
-    from edgespec.calibrate.priors import IDENTITY_GRID, acceptance_on, mix_identity
-
     k = cfg.affinity_topk
     have = heldout is not None and len(heldout.q) > 0
     base = acceptance_on(heldout.p, heldout.q, index_map, v_t, None, prior) if have else {}

@@ -1,12 +1,14 @@
 """The `edgespec` command. Each subpackage registers its own subcommands through a
-`register(subparsers)` function in its `cli` module; heavy imports happen inside the
-command handlers, so `edgespec --help` needs neither torch nor onnxruntime."""
+`register(subparsers)` function in its `cli` module. Those modules import edgespec's own modules
+at module level; torch, transformers, onnx and onnxruntime are imported only where they are used,
+so `edgespec --help` needs neither torch nor onnxruntime."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
 
+from edgespec import __version__
 from edgespec.errors import EdgespecError
 
 # (module, human name) for each subcommand group; a module missing from an install is skipped.
@@ -24,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="edgespec",
         description="Fast, lossless speculative decoding on edge devices (ONNX Runtime).",
     )
-    parser.add_argument("--version", action="version", version=f"edgespec {_version()}")
+    parser.add_argument("--version", action="version", version=f"edgespec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:
@@ -35,12 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.register(sub)
     return parser
-
-
-def _version() -> str:
-    from edgespec import __version__
-
-    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from tqdm import tqdm
+
 _BLOCK = 1 << 22
 
 
@@ -13,8 +15,6 @@ def sha256_file(path: str | Path, progress: bool = False, desc: str | None = Non
     h = hashlib.sha256()
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=path.stat().st_size, desc=desc or f"sha256 {path.name}", unit="B", unit_scale=True, leave=False)
     with open(path, "rb") as f:
         while block := f.read(_BLOCK):

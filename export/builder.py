@@ -17,7 +17,7 @@ Pin: onnxruntime-genai 0.15.2 is the newest builder that imports with transforme
 later import transformers 5 classes at import time; optimum-onnx needs transformers < 4.58). On
 x86-64 Linux/Windows the `onnxruntime-genai-cuda` wheel is used, because it depends on
 onnxruntime-gpu (the plain wheel would pull the CPU `onnxruntime` over it); its CUDA library is
-loaded only on demand, so it imports on machines without a GPU (docs/export.md).
+loaded only on demand, so it imports on machines without a GPU (docs/facts.md).
 """
 from __future__ import annotations
 
@@ -30,10 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from edgespec.errors import ExportError
 from edgespec.export import onnx_export as ox
+from edgespec.export.graph_info import io_names, weight_stats
+from edgespec.export.quality import check_batch_invariance
 from edgespec.hashing import sha256_file
 from edgespec.paths import exports_dir
 from edgespec.runtime.kv import KV_KEY
@@ -52,8 +55,6 @@ ARCHITECTURES = frozenset({
 
 
 def builder_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     for dist in ("onnxruntime-genai-cuda", "onnxruntime-genai", "onnxruntime-genai-directml"):
         try:
             return version(dist)
@@ -138,7 +139,7 @@ def _run_builder(hf_dir: Path, out: Path, precision: str, ep: str, options: dict
 
 def _finish_graph(path: Path, head_dim: int, precision: str) -> dict:
     """Static KV head dim, edgespec metadata; returns op counts."""
-    import onnx
+    import onnx  # lazy: onnx and torch are the [export] extra; `edgespec --help` imports this module
 
     model = onnx.load(str(path), load_external_data=False)
     for vi in [*model.graph.input, *model.graph.output]:
@@ -174,8 +175,6 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
     ops = _finish_graph(out / "model.onnx", info["head_dim"], precision)
     invariance = None
     if precision in ("int4", "int8") and ep == "cpu" and (hf_dir / "tokenizer.json").is_file():
-        from edgespec.export.quantize_bundle import check_batch_invariance
-
         invariance = check_batch_invariance(out / "model.onnx", hf_dir / "tokenizer.json", progress)
     check = {"input": {"seed": ox.CHECK_SEED, "prefill": ox.CHECK_PREFILL, "decode": ox.CHECK_DECODE}}
     if ep == "cpu" and precision != "fp16":
@@ -191,8 +190,6 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
     ox.fix_modes(out)
     import onnx
 
-    from edgespec.export.prune import weight_stats
-
     graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
     files = {f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size} for f in sorted(out.iterdir())}
     meta = {"name": name, "source_sha256": source_sha256, "hf_dir": str(hf_dir), "task": ox.TASK,
@@ -202,7 +199,7 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
                       "group_query_attention": int(ops.get("GroupQueryAttention", 0)),
                       "kv_cache": "shared" if ops.get("GroupQueryAttention") else "copy"},
             "external_data": (out / ox.DATA_NAME).is_file(), "info": info, "params": int(params),
-            "io": ox.io_names(graph), "weight_stats": weight_stats(graph), "versions": ox._versions(),
+            "io": io_names(graph), "weight_stats": weight_stats(graph), "versions": ox._versions(),
             "revision": BUILDER_REVISION, "export_seconds": round(seconds, 1), "check": check, "batch_invariance": invariance, "files": files}
     (out / ox.META).write_text(json.dumps(meta, indent=2) + "\n")
     diff = check.get("target_vs_torch_max_abs_diff")
@@ -217,7 +214,7 @@ def _torch_logits(hf_dir: Path, ids, name: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # torch with 2 threads is pathological on these VMs (docs/facts.md)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     except Exception as exc:

@@ -1,25 +1,18 @@
 """`edgespec export`: target + pruned drafter -> an ONNX bundle.
 
-Quantization hook (issue 7): if `edgespec.export.quantize` exists it may define
-  add_arguments(parser)              -> adds its --quantize* flags to this command
-  transform_from_args(args)          -> None, or a callable transform(bundle_root: Path) -> dict | None
-The transform runs inside the temporary bundle directory after the export-time checks and before
-the file hashes and weight statistics are computed, so quantized bundles stay atomic; the dict it
-returns is merged into the manifest (e.g. {"target": {"quantization": {...}}}).
+Quantization (export/quantize_bundle.py): `add_arguments(parser)` adds the --quantize* flags;
+`builder_settings(args)` turns them into the model builder's precisions, and `transform_from_args(args)`
+into None or a transform(bundle_root: Path) -> dict | None for optimum graphs. The transform runs inside
+the temporary bundle directory after the export-time checks and before the file hashes and weight
+statistics are computed, so quantized bundles stay atomic; the dict it returns is merged into the
+manifest (e.g. {"target": {"quantization": {...}}}).
 """
 from __future__ import annotations
 
-import argparse
-import importlib
-
-
-def _quantize_module():
-    try:
-        return importlib.import_module("edgespec.export.quantize")
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("edgespec"):
-            return None
-        raise
+from edgespec.errors import ExportError
+from edgespec.export.bundle_writer import export_bundle
+from edgespec.export.quantize_bundle import add_arguments, builder_settings, transform_from_args
+from edgespec.models import get_pair
 
 
 def register(subparsers) -> None:
@@ -40,16 +33,11 @@ def register(subparsers) -> None:
                         "cache; the default wherever it takes the architecture) or optimum (any HF causal LM)")
     p.add_argument("--out", metavar="DIR", help="bundle directory (default: bundles/<pair>)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
-    q = _quantize_module()
-    if q is not None and hasattr(q, "add_arguments"):
-        q.add_arguments(p)
+    add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from edgespec.errors import ExportError
-    from edgespec.models import get_pair
-
     pair = None
     target, drafter, keep = args.target, args.drafter, args.keep
     if args.pair:
@@ -65,9 +53,6 @@ def run(args) -> int:
     out = args.out or (f"bundles/{pair.name}" if pair else None)
     if not out:
         raise ExportError("give --out DIR")
-    from edgespec.export.bundle_writer import export_bundle
-    from edgespec.export.quantize_bundle import builder_settings, transform_from_args
-
     builder = builder_settings(args) if args.graph != "optimum" else None
     transform = transform_from_args(args) if args.graph != "builder" else None
     path = export_bundle(target, drafter, out, keep=keep, vocab=args.vocab, pair=pair.name if pair else None,

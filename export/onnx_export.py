@@ -14,19 +14,24 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from edgespec.hashing import sha256_file as file_digest
 import numpy as np
 
 from edgespec.errors import ExportError
+from edgespec.export.graph_info import all_tensors, io_names, weight_stats
+from edgespec.hashing import sha256_file
 from edgespec.paths import exports_dir
+from edgespec.runtime.sessions import session_options
 
 EXPORT_REVISION = 2          # bump when the export recipe changes: invalidates cached exports
 TASK = "text-generation-with-past"
@@ -58,8 +63,6 @@ class CachedExport:
 
 def _versions() -> dict:
     """Versions of the export stack, from package metadata (importing torch just for a cache key is slow)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for name in ("torch", "transformers", "optimum", "onnx"):  # (the key of existing caches depends on this set)
         try:
@@ -119,9 +122,7 @@ def check_inputs(vocab_size: int, n: int = CHECK_PREFILL + CHECK_DECODE, seed: i
 def ort_session(path: Path, threads: int = 1):
     """A CPU session for the export-time checks: the runtime's thread policy, prepacking off so weights
     are held once."""
-    import onnxruntime as ort
-
-    from edgespec.runtime.sessions import session_options
+    import onnxruntime as ort  # lazy: `edgespec --help` imports this module; torch, onnx and ORT load on use
 
     so = session_options(threads)
     so.add_session_config_entry("session.disable_prepacking", "1")
@@ -164,13 +165,6 @@ def _torch_reference(model, ids: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         out = model(input_ids=torch.from_numpy(ids), use_cache=False)
     return out.logits.float().numpy()
-
-
-def all_tensors(model):
-    """Every TensorProto of a model: initializers and node attributes (Constant values), subgraphs included."""
-    from onnx.external_data_helper import _get_all_tensors
-
-    return _get_all_tensors(model)
 
 
 def _normalise_external_data(out_dir: Path) -> bool:
@@ -218,16 +212,6 @@ def fix_modes(d: Path) -> None:
             os.chmod(f, 0o666 & ~umask)
 
 
-def io_names(path_or_model) -> dict:
-    import onnx
-
-    m = path_or_model if isinstance(path_or_model, onnx.ModelProto) else \
-        onnx.load(str(path_or_model), load_external_data=False)
-    inits = {t.name for t in m.graph.initializer}
-    return {"inputs": [i.name for i in m.graph.input if i.name not in inits],
-            "outputs": [o.name for o in m.graph.output]}
-
-
 def export_model(hf_dir: Path, source_sha256: str, name: str = "model", cache: Path | None = None,
                  progress: bool = True, force_external: bool = False) -> CachedExport:
     """Export (or reuse) the ONNX graph of an HF causal LM directory.
@@ -261,13 +245,12 @@ def _log(progress: bool, msg: str) -> None:
 
 def _export_into(hf_dir: Path, out: Path, name: str, source_sha256: str, progress: bool,
                  force_external: bool = False) -> None:
-    import logging
-    import warnings
-
+    import onnx
     import torch
+    from optimum.exporters.onnx import onnx_export_from_model
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(1)  # torch with 2 threads is pathological on these VMs (FACTS.md)
+    torch.set_num_threads(1)  # torch with 2 threads is pathological on these VMs (docs/facts.md)
     info = model_info(hf_dir)
     t0 = time.time()
     _log(progress, f"exporting {name} to ONNX (fp32, {TASK}); cached for re-use")
@@ -279,8 +262,6 @@ def _export_into(hf_dir: Path, out: Path, name: str, source_sha256: str, progres
     params = sum(p.numel() for p in model.parameters())
     ids = check_inputs(info["vocab_size"])
     ref = _torch_reference(model, ids)
-    from optimum.exporters.onnx import onnx_export_from_model
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for lg in ("optimum", "transformers", "torch.onnx"):
@@ -296,8 +277,6 @@ def _export_into(hf_dir: Path, out: Path, name: str, source_sha256: str, progres
     export_s = time.time() - t0
     external = _normalise_external_data(out)
     if force_external and not external:
-        import onnx
-
         m = onnx.load(str(out / "model.onnx"))
         onnx.save_model(m, str(out / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
                         location="model.onnx_data", size_threshold=1024)
@@ -314,11 +293,7 @@ def _export_into(hf_dir: Path, out: Path, name: str, source_sha256: str, progres
     check = torch_check(got, ref)
     diff = check["target_vs_torch_max_abs_diff"]
     fix_modes(out)
-    files = {f.name: {"sha256": file_digest(f), "bytes": f.stat().st_size} for f in sorted(out.iterdir())}
-    import onnx
-
-    from edgespec.export.prune import weight_stats
-
+    files = {f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size} for f in sorted(out.iterdir())}
     graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
     meta = {"name": name, "source_sha256": source_sha256, "hf_dir": str(hf_dir), "task": TASK, "dtype": "float32",
             "external_data": external, "info": info, "params": int(params), "io": io_names(graph),

@@ -15,12 +15,12 @@ edit never holds a second copy of the model's weights.
 from __future__ import annotations
 
 import mmap
-import os
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import ExportError
+from edgespec.export.graph_info import all_tensors, io_names, np_dtype, weight_stats
 
 HEAD_NAME = "edgespec.lm_head.weight"
 PASS_THROUGH = {"Mul", "Div", "Tanh", "Cast", "Identity", "Add", "Sub", "Softcap"}
@@ -33,15 +33,9 @@ def _ext(tensor) -> dict:
 
 
 def _is_external(tensor) -> bool:
-    import onnx
+    import onnx  # lazy: onnx is the [export] extra; `edgespec --help` imports this module
 
     return tensor.data_location == onnx.TensorProto.EXTERNAL
-
-
-def _np_dtype(tensor) -> np.dtype:
-    import onnx
-
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
 
 
 def read_tensor(tensor, base_dir: Path) -> np.ndarray:
@@ -52,7 +46,7 @@ def read_tensor(tensor, base_dir: Path) -> np.ndarray:
         return numpy_helper.to_array(tensor)
     e = _ext(tensor)
     offset = int(e.get("offset", 0))
-    dtype = _np_dtype(tensor)
+    dtype = np_dtype(tensor)
     shape = tuple(int(d) for d in tensor.dims)
     return np.memmap(base_dir / e["location"], dtype=dtype, mode="r", offset=offset, shape=shape)
 
@@ -149,15 +143,11 @@ def prune_head(src: Path, dst_dir: Path, keep: np.ndarray, index_map: np.ndarray
                                            value=numpy_helper.from_array(arr.astype(np.int64), name + "_value")))
         graph.output.append(helper.make_tensor_value_info(name, TensorProto.INT64, [k]))
     dst_dir.mkdir(parents=True, exist_ok=True)
-    from edgespec.export.onnx_export import all_tensors
-
     external = any(_is_external(t) for t in all_tensors(model))
     if external:
         _stream_external(model, src.parent, dst_dir)
     else:
         onnx.save_model(model, str(dst_dir / "model.onnx"))
-    from edgespec.export.onnx_export import io_names
-
     return {"layout": layout, "hidden": int(hidden), "vocab": int(vocab), "kept": k, "external_data": external,
             "head_shared_with_embedding": shared, "head_initializer": w_init.name,
             "weight_stats": weight_stats(model), "io": io_names(model)}
@@ -177,7 +167,7 @@ def _prune_float(graph, mm, w_init, layout, tp, bias, keep: np.ndarray, base: Pa
     # New head [H, K] as a fresh initializer (a tied embedding stays untouched for the Gather).
     new_w = np.ascontiguousarray(w[:, keep] if layout == "HV" else np.asarray(w[keep, :]).T)
     del w
-    head = numpy_helper.from_array(new_w.astype(_np_dtype(w_init), copy=False), HEAD_NAME)
+    head = numpy_helper.from_array(new_w.astype(np_dtype(w_init), copy=False), HEAD_NAME)
     graph.initializer.append(head)
     if mm.op_type == "Gemm":
         # Re-express as Gemm(x, W'[H,K], bias[keep]) with transB=0.
@@ -253,8 +243,6 @@ def _stream_external(model, src_dir: Path, dst_dir: Path) -> None:
             out.write(blob)
             return pos, len(blob)
 
-        from edgespec.export.onnx_export import all_tensors
-
         for t in all_tensors(model):
             if _is_external(t):
                 e = _ext(t)
@@ -280,46 +268,3 @@ def _stream_external(model, src_dir: Path, dst_dir: Path) -> None:
         f.close()
     onnx.save_model(model, str(dst_dir / "model.onnx"))
 
-
-def weight_stats(onnx_path_or_model) -> dict:
-    """Parameter count and bytes one decode forward reads, from the graph's initializers.
-
-    An initializer consumed only as the data input of Gather ops (an embedding table) counts one row;
-    everything else counts in full (a pruned head is already K columns wide)."""
-    import onnx
-
-    model = onnx_path_or_model if isinstance(onnx_path_or_model, onnx.ModelProto) else \
-        onnx.load(str(onnx_path_or_model), load_external_data=False)
-    graph = model.graph
-    uses: dict[str, list] = {}
-    for n in graph.node:
-        for idx, i in enumerate(n.input):
-            uses.setdefault(i, []).append((n.op_type, idx))
-    # An initializer read only through a Transpose that only Gathers consume (constant-folded by ORT
-    # into an embedding table) also counts one row.
-    gathered_transposes = {n.input[0] for n in graph.node if n.op_type == "Transpose" and uses.get(n.output[0])
-                           and all(op == "Gather" and idx == 0 for op, idx in uses[n.output[0]])}
-    params = 0
-    bytes_fwd = 0
-    for t in graph.initializer:
-        numel = int(np.prod([int(d) for d in t.dims])) if len(t.dims) else 1
-        if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
-            itemsize = 0.5
-        else:
-            try:
-                itemsize = _np_dtype(t).itemsize
-            except (KeyError, TypeError, ValueError):
-                itemsize = 1
-        if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) or \
-                t.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4,
-                                onnx.TensorProto.UINT4):
-            params += numel if numel > 1 else 0
-        u = uses.get(t.name, [])
-        if u and len(t.dims) == 2 and all(op == "Gather" and idx == 0 for op, idx in u):
-            bytes_fwd += int(int(t.dims[1]) * itemsize)
-        elif len(t.dims) == 2 and t.name in gathered_transposes:   # the builder's tied table: Gather(W^T) + head
-            others = [x for x in u if x[0] != "Transpose"]
-            bytes_fwd += int(((numel if others else 0) + int(t.dims[0])) * itemsize)
-        else:
-            bytes_fwd += int(numel * itemsize)
-    return {"params": int(params), "bytes_per_forward": int(bytes_fwd)}

@@ -9,7 +9,7 @@ position, with p = softmax(fp32 logits) and q = softmax(quantized logits):
 Acceptability (ACCEPT): top1 >= 0.90 and overlap >= 0.90 is "ok"; below that the manifest says
 "degraded" and the export warns (it does not fail: a degraded bundle is still exactly lossless with
 respect to *its own* quantized target). The thresholds sit below the gap between two real models:
-Qwen2.5-Coder 1.5B vs 0.5B agree 71.5% / overlap 0.706 (FACTS.md), so "ok" means the quantized target
+Qwen2.5-Coder 1.5B vs 0.5B agree 71.5% / overlap 0.706 (docs/facts.md), so "ok" means the quantized target
 is much closer to fp32 than a smaller sibling model is.
 
 Held-out text: by default the first tokens of a few Python standard-library modules (code with
@@ -19,12 +19,16 @@ and the calibration corpora.
 from __future__ import annotations
 
 import gc
+import sys
 import sysconfig
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from edgespec.errors import ExportError
+from edgespec.export.onnx_export import ort_session
+from edgespec.runtime.kv import MIN_TOKENS_KEY
 from edgespec.runtime.sampling import softmax
 
 ACCEPT = {"top1_agreement": 0.90, "mean_overlap": 0.90}
@@ -48,8 +52,6 @@ def held_out_texts(files=DEFAULT_FILES) -> list[tuple[str, str]]:
 def held_out_ids(tokenizer_json: Path, n_tokens: int = DEFAULT_TOKENS, segment: int = SEGMENT,
                  texts: list[tuple[str, str]] | None = None) -> list[np.ndarray]:
     """Token sequences of `segment` tokens, n_tokens in all, spread over the held-out texts."""
-    from tokenizers import Tokenizer
-
     tok = Tokenizer.from_file(str(tokenizer_json))
     texts = texts if texts is not None else held_out_texts()
     per_text = max(1, -(-n_tokens // max(1, len(texts))))
@@ -67,10 +69,8 @@ def _session(path: Path, threads: int, prepack: bool = False):
     """The float reference runs without prepacking (memory: fp32 weights held once); a quantized graph
     runs as the runtime runs it, prepacked: MatMulNBits picks its kernels (accuracy_level) at prepack."""
     if not prepack:
-        from edgespec.export.onnx_export import ort_session
-
         return ort_session(Path(path), threads=threads)
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: `edgespec --help` imports this module; onnx and ORT load on use
 
     ort.set_default_logger_severity(3)
     so = ort.SessionOptions()
@@ -132,6 +132,31 @@ def batch_invariance(onnx_path: Path, ids: np.ndarray, threads: int = 1, prefix:
     minimum = 1 if max(d1, d2) <= BATCH_TOL else (2 if d2 <= BATCH_TOL else None)
     return {"one_vs_two_max_abs_diff": d1, "two_vs_wider_max_abs_diff": d2, "tolerance": BATCH_TOL,
             "min_forward_tokens": minimum}
+
+
+def check_batch_invariance(onnx_path: Path, tokenizer_json: Path, progress: bool) -> dict:
+    """Refuse a quantized target whose logits depend on the forward's width beyond 1 token; when only
+    1-token forwards differ, record in the graph's metadata that forwards must carry >= 2 tokens
+    (runtime/kv.py's ModelRunner pads a 1-token forward with a dummy token it then drops)."""
+    ids = np.concatenate(held_out_ids(tokenizer_json, n_tokens=64, segment=64))
+    res = batch_invariance(onnx_path, ids)
+    if res["min_forward_tokens"] is None:
+        raise ExportError(f"the quantized target's logits change with the number of tokens per forward "
+                          f"(max |diff| {res['two_vs_wider_max_abs_diff']:.3g} between 2- and wider forwards): "
+                          "speculative decoding would not be exact; use --accuracy-level 1")
+    if res["min_forward_tokens"] > 1:
+        import onnx
+
+        if progress:
+            print(f"edgespec: 1-token forwards of the quantized target differ by {res['one_vs_two_max_abs_diff']:.2g} "
+                  "from wider ones (int8 GEMV path): the bundle asks the runtime for >= 2 tokens per forward",
+                  file=sys.stderr, flush=True)
+        model = onnx.load(str(onnx_path), load_external_data=False)
+        for p in [p for p in model.metadata_props if p.key == MIN_TOKENS_KEY]:
+            model.metadata_props.remove(p)
+        model.metadata_props.add(key=MIN_TOKENS_KEY, value=str(res["min_forward_tokens"]))
+        onnx.save_model(model, str(onnx_path))
+    return res
 
 
 def compare(reference_onnx: Path, quantized_onnx: Path, seqs: list[np.ndarray], threads: int = 1) -> dict:

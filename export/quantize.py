@@ -29,6 +29,8 @@ peak is about twice the fp32 weights (1.4 GB for SmolLM2, ~14 GB for Qwen2.5-1.5
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -105,7 +107,7 @@ def check_accuracy_level(scheme: str, level: int | None) -> None:
 
 def already_quantized(model) -> list[str]:
     """Reasons `model` (a ModelProto) is already quantized; empty if it is a float graph."""
-    import onnx
+    import onnx  # lazy: onnx and ORT's quantizers load on use; `edgespec --help` imports this module
 
     ops = sorted({n.op_type for n in model.graph.node if n.op_type in QUANT_OPS})
     reasons = [f"{op} nodes" for op in ops]
@@ -265,9 +267,6 @@ def _quantize_nbits(model, bits: int, block_size: int, accuracy_level: int | Non
 
 def _quantize_dynamic(model, dst: Path):
     """quantize_dynamic writes a file; run it into a scratch dir next to dst and load the result."""
-    import shutil
-    import tempfile
-
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -371,16 +370,3 @@ def file_size(onnx_path) -> int:
     data = p.with_name(p.name + ".data")
     return p.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
-
-# ----------------------------------------------------------------------------- export CLI hook (export/cli.py)
-
-def add_arguments(parser) -> None:
-    from edgespec.export.quantize_bundle import add_arguments as add
-
-    add(parser)
-
-
-def transform_from_args(args):
-    from edgespec.export.quantize_bundle import transform_from_args as make
-
-    return make(args)

@@ -1,5 +1,5 @@
 """Quantizing the graphs of a bundle being exported: the `edgespec export --quantize*` flags and the
-transform that export/bundle_writer.py runs on the temporary bundle (see export/cli.py's hook).
+transform that export/bundle_files.py runs on the temporary bundle (see export/cli.py).
 
 For each side asked for, the float graph `SIDE/model.onnx` is quantized into `SIDE/.quant/`, and the
 result replaces it (the float target may be hard-linked from the export cache: it is unlinked, never
@@ -15,11 +15,9 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from edgespec.errors import ExportError
 from edgespec.export import quantize as q
-from edgespec.runtime.kv import MIN_TOKENS_KEY
+from edgespec.export.quality import check_batch_invariance, quality_check
 
 CHOICES = ("none",) + q.SCHEMES + ("fp16",)
 # int8 stays on the optimum path: the pinned builder's int8 graph names its head weight *_Q4 but stores
@@ -150,8 +148,6 @@ def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens
         record = q.quantize_onnx(src, work / "model.onnx", scheme=scheme, **opts)
         gc.collect()
         if quality_tokens:
-            from edgespec.export.quality import quality_check
-
             _log(progress, f"quality check: {scheme} {side} vs fp32 on {quality_tokens} held-out tokens")
             res = quality_check(src, work / "model.onnx", sub / "tokenizer.json", n_tokens=quality_tokens)
             record["quality"] = res
@@ -173,33 +169,6 @@ def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens
     if side == "drafter":
         update["params_pruned"] = after["params"]
     return update
-
-
-
-
-def check_batch_invariance(onnx_path: Path, tokenizer_json: Path, progress: bool) -> dict:
-    """Refuse a quantized target whose logits depend on the forward's width beyond 1 token; when only
-    1-token forwards differ, record in the graph's metadata that forwards must carry >= 2 tokens
-    (runtime/kv.py's ModelRunner pads a 1-token forward with a dummy token it then drops)."""
-    from edgespec.export.quality import batch_invariance, held_out_ids
-
-    ids = np.concatenate(held_out_ids(tokenizer_json, n_tokens=64, segment=64))
-    res = batch_invariance(onnx_path, ids)
-    if res["min_forward_tokens"] is None:
-        raise ExportError(f"the quantized target's logits change with the number of tokens per forward "
-                          f"(max |diff| {res['two_vs_wider_max_abs_diff']:.3g} between 2- and wider forwards): "
-                          "speculative decoding would not be exact; use --accuracy-level 1")
-    if res["min_forward_tokens"] > 1:
-        import onnx
-
-        _log(progress, f"1-token forwards of the quantized target differ by {res['one_vs_two_max_abs_diff']:.2g} from "
-                       "wider ones (int8 GEMV path): the bundle asks the runtime for >= 2 tokens per forward")
-        model = onnx.load(str(onnx_path), load_external_data=False)
-        for p in [p for p in model.metadata_props if p.key == MIN_TOKENS_KEY]:
-            model.metadata_props.remove(p)
-        model.metadata_props.add(key=MIN_TOKENS_KEY, value=str(res["min_forward_tokens"]))
-        onnx.save_model(model, str(onnx_path))
-    return res
 
 
 def _replace_graph(sub: Path, work: Path) -> None:

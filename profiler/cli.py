@@ -6,6 +6,13 @@ import shlex
 import sys
 from pathlib import Path
 
+from edgespec.profiler import bench
+from edgespec.profiler.bench import parse_options
+from edgespec.profiler.demo import register_demo as _register_demo
+from edgespec.profiler.report import lossless_line, table
+from edgespec.profiler.settings import BenchSettings
+from edgespec.profiler.study_cli import register_acceptance
+
 BENCH_EPILOG = """\
 outputs in REPORT/: report.json (schema: docs/report-schema.md), report.md, speedup_mbsu.png,
 acceptance_by_category.png, and records.jsonl (every generation, written as measured). Ctrl-C writes what
@@ -80,9 +87,7 @@ def register_bench(subparsers) -> None:
     p.set_defaults(func=run_bench)
 
 
-def bench_settings(args):
-    from edgespec.profiler.bench import BenchSettings, parse_options
-
+def bench_settings(args) -> BenchSettings:
     return BenchSettings(
         bundle=args.bundle, report=args.report, prompts=args.prompts, split=args.split, categories=args.category,
         limit=args.limit, strategies=args.strategies, draft_lengths=args.draft_length,
@@ -94,10 +99,7 @@ def bench_settings(args):
 
 
 def run_bench(args) -> int:
-    from edgespec.profiler.bench import run_bench as bench
-    from edgespec.profiler.report import lossless_line, table
-
-    doc = bench(bench_settings(args))
+    doc = bench.run_bench(bench_settings(args))
     print(table(doc))
     print("\n" + lossless_line(doc))
     print(f"\nreport: {Path(args.report) / 'report.md'}")
@@ -109,17 +111,13 @@ def run_bench(args) -> int:
 def register_study(subparsers) -> None:
     p = subparsers.add_parser("study", help="offline studies (acceptance recovery under vocabulary pruning)")
     sub = p.add_subparsers(dest="study", metavar="STUDY", required=True)
-    from edgespec.profiler.study_cli import register_acceptance
-
     register_acceptance(sub, _csv, _float_list, _command)
 
 
 # --------------------------------------------------------------------------- demo
 
 def register_demo(subparsers) -> None:
-    from edgespec.profiler.demo import register_demo as reg
-
-    reg(subparsers, _csv, _int_list)
+    _register_demo(subparsers, _csv, _int_list)
 
 
 def register(subparsers) -> None:

@@ -14,6 +14,7 @@ State: OUT/demo-state.json. OUT defaults to <edgespec cache>/demo/<pair>.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import subprocess
@@ -21,14 +22,18 @@ import sys
 import time
 from pathlib import Path
 
+from edgespec.models import default_pair, get_pair
+from edgespec.paths import cache_home, models_dir
 from edgespec.profiler.errors import BenchError
+from edgespec.profiler.report import lossless_line, table
+from edgespec.runtime.manifest import MANIFEST
 
 STATE = "demo-state.json"
 
 
 def register_demo(subparsers, csv_list, int_list) -> None:
     p = subparsers.add_parser("demo", help="pull, calibrate, export and bench a pair end to end (make demo)",
-                              description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pair", help="pair recipe (default: the default pair, qwen-coder); smollm-self is quick")
     p.add_argument("--out", type=Path, help="demo directory (default <cache>/demo/<pair>)")
     p.add_argument("--calib-tokens", type=int, default=1024, help="target-generated calibration tokens (default 1024)")
@@ -88,9 +93,6 @@ class Steps:
 
 
 def run_demo(args) -> int:
-    from edgespec.models import default_pair, get_pair
-    from edgespec.paths import cache_home, models_dir
-
     pair = get_pair(args.pair) if args.pair else default_pair()
     out = Path(args.out or cache_home() / "demo" / pair.name).expanduser().absolute()
     try:
@@ -110,20 +112,18 @@ def run_demo(args) -> int:
         calib += ["--affinity", args.affinity]
     steps.run("calibrate", calib, _digest(calib), [vocab])
     export = ["export", "--pair", pair.name, "--vocab", str(vocab), "--out", str(bundle)]
-    steps.run("export", export, _digest(export, _file_digest(vocab)), [bundle / "manifest.json"])
+    steps.run("export", export, _digest(export, _file_digest(vocab)), [bundle / MANIFEST])
     bench = ["bench", "--bundle", str(bundle), "--prompts", "humaneval", "--split", "test", "--limit",
              str(args.prompts), "--strategies", ",".join(args.strategies), "--draft-length",
              ",".join(map(str, args.draft_length)), "--max-new-tokens", str(args.max_new_tokens), "--temperature", "0",
              "--repeats", str(args.repeats), "--report", str(report)]
-    steps.run("bench", bench, _digest(bench, _file_digest(bundle / "manifest.json")), [report / "report.json"],
+    steps.run("bench", bench, _digest(bench, _file_digest(bundle / MANIFEST)), [report / "report.json"],
               force=args.remeasure, stdout=subprocess.DEVNULL)     # its table is printed below
     _print_summary(report, steps.times, time.time() - t0)
     return 0
 
 
 def _print_summary(report: Path, times: dict, total_s: float) -> None:
-    from edgespec.profiler.report import lossless_line, table
-
     doc = json.loads((report / "report.json").read_text())
     print(table(doc))
     print("\n" + lossless_line(doc))

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from edgespec.profiler.errors import BenchError
+from edgespec.profiler.settings import settings_dict
 
 NAME = "records.jsonl"
 FORMAT = "edgespec-bench-records"
@@ -22,8 +23,6 @@ FINGERPRINT_KEYS = ("prompts", "split", "categories", "strategies", "draft_lengt
 
 
 def fingerprint(settings, manifest_sha256: str) -> dict:
-    from edgespec.profiler.bench import settings_dict
-
     d = settings_dict(settings)
     return {"bundle_manifest_sha256": manifest_sha256, **{k: d[k] for k in FINGERPRINT_KEYS}}
 

@@ -1,6 +1,6 @@
 """Memory-bound speed-up (VocabTrim) and the three cost ratios c, as pure functions.
 
-    MBSU = tau / (c * gamma + 1)        (vocabtrim.md, "Performance Metrics")
+    MBSU = tau / (c * gamma + 1)        (VocabTrim paper, §4.1 "Performance Metrics"; docs/papers.md)
 
 c is the drafter's relative cost per forward, computed three ways:
 - `c_params`: pruned drafter parameters / target parameters (VocabTrim's definition);

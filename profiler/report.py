@@ -7,6 +7,11 @@ import os
 import sys
 from pathlib import Path
 
+from edgespec.profiler import mbsu as M
+from edgespec.profiler.machine import machine_info, versions
+from edgespec.profiler.settings import settings_dict
+from edgespec.runtime.manifest import manifest_sha256
+
 FORMAT = "edgespec-bench-report"
 SCHEMA_VERSION = 1
 PLOT_SPEEDUP = "speedup_mbsu.png"
@@ -18,9 +23,6 @@ GENERATION_FIELDS = ("repeat", "prompt_id", "category", "strategy", "draft_lengt
 
 
 def bundle_summary(bundle) -> dict:
-    from edgespec.profiler import mbsu as M
-    from edgespec.profiler.bench import manifest_sha256
-
     m = bundle.manifest
 
     def side(name: str) -> dict:
@@ -40,9 +42,6 @@ def bundle_summary(bundle) -> dict:
 
 
 def build_report(settings, bundle, runs, records, bandwidth, partial, used, skipped, elapsed_s) -> dict:
-    from edgespec.profiler.bench import settings_dict
-    from edgespec.profiler.machine import machine_info, versions
-
     machine = machine_info()
     machine["stream_read_gbs"] = bandwidth["gbs"] if bandwidth else None
     machine["bandwidth_test"] = bandwidth
@@ -173,7 +172,7 @@ def markdown(doc: dict) -> str:
 
 def plot_report(doc: dict, out: Path) -> list[str]:
     """PNG plots (file names relative to `out`); none when matplotlib is missing or nothing drafted."""
-    try:
+    try:  # lazy: the optional [bench] extra
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

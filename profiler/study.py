@@ -34,7 +34,7 @@ from edgespec.calibrate.counts import expand_inputs
 from edgespec.calibrate.models import resolve_models
 from edgespec.calibrate.priors import ESTIMATORS, make_estimator, unigram_prior
 from edgespec.calibrate.prompts import load_prompts
-from edgespec.calibrate.run import sample_raw_texts
+from edgespec.calibrate.tfpass import sample_raw_texts
 from edgespec.calibrate.teacher import OrtLogits, text_sequences
 from edgespec.paths import exports_dir
 from edgespec.profiler import mbsu as M

@@ -7,26 +7,20 @@ allow_pickle=False, and the optional affinity matrix is plain CSR arrays in an .
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgespec.hashing import sha256_file as _sha256
 import numpy as np
+from tokenizers import Tokenizer
 
 from edgespec.errors import BundleError
+from edgespec.hashing import sha256_file
+from edgespec.runtime.manifest import SIDES, check_io, check_required_files, read_manifest
 
-FORMAT = "edgespec-bundle"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 FAST_HASH_LIMIT = 64 * 1024**2
 VERIFY_MODES = ("full", "fast", "none")
-REQUIRED_IO = {
-    "target": {"inputs": {"input_ids", "attention_mask"}, "outputs": {"logits"}},
-    "drafter": {"inputs": {"input_ids", "attention_mask"}, "outputs": {"logits", "index_map", "draft_ids"}},
-}
 
 
 @dataclass
@@ -145,7 +139,7 @@ class Bundle:
         manifest = read_manifest(root)
         verify_files(root, manifest, verify)
         sides = {}
-        for side in ("target", "drafter"):
+        for side in SIDES:
             sides[side] = _load_side(root, manifest, side)
         vdir = root / "vocab"
         index_map = _load_npy(root, vdir / "index_map.npy", np.int64)
@@ -186,33 +180,11 @@ class Bundle:
         return b
 
 
-def read_manifest(root: Path) -> dict:
-    mpath = root / MANIFEST
-    if not mpath.is_file():
-        raise BundleError(f"{root} is not an edgespec bundle: {MANIFEST} is missing")
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"bundle {root}: {MANIFEST} is unreadable or corrupt ({exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise BundleError(f"{root} is not an edgespec bundle (manifest format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
-    ver = manifest.get("format_version")
-    if ver != FORMAT_VERSION:
-        raise BundleError(f"bundle {root} has format_version {ver!r}; this edgespec reads version {FORMAT_VERSION} "
-                          "(re-export it with this version)")
-    for key in ("target", "drafter", "vocab", "files"):
-        if not isinstance(manifest.get(key), dict):
-            raise BundleError(f"bundle {root}: manifest lacks {key!r}")
-    return manifest
-
-
 def verify_files(root: Path, manifest: dict, verify: str = "full") -> None:
+    """Every listed file exists; unless verify="none", its size matches and (in "fast" mode only up to
+    FAST_HASH_LIMIT bytes) so does its sha256."""
+    check_required_files(root, manifest)
     files = manifest["files"]
-    for rel in ("target/model.onnx", "drafter/model.onnx", "target/tokenizer.json", "drafter/tokenizer.json",
-                "vocab/index_map.npy", "vocab/draft_ids.npy", "vocab/drafter_to_target.npy",
-                "vocab/target_to_drafter.npy"):
-        if rel not in files:
-            raise BundleError(f"bundle {root}: manifest does not list required file {rel}")
     for rel, meta in files.items():
         p = root / rel
         if ".." in Path(rel).parts or Path(rel).is_absolute():
@@ -226,24 +198,18 @@ def verify_files(root: Path, manifest: dict, verify: str = "full") -> None:
             raise BundleError(f"bundle {root}: {rel} is corrupt (size {size}, manifest says {meta['bytes']})")
         if verify == "fast" and size > FAST_HASH_LIMIT:
             continue
-        if _sha256(p) != meta["sha256"]:
+        if sha256_file(p) != meta["sha256"]:
             raise BundleError(f"bundle {root}: {rel} is corrupt (sha256 mismatch)")
 
 
 def _load_side(root: Path, manifest: dict, side: str) -> ModelFiles:
-    from tokenizers import Tokenizer
-
     info = manifest[side]
     d = root / side
     onnx_path = root / info.get("onnx", f"{side}/model.onnx")
     if not onnx_path.is_file():
         raise BundleError(f"bundle {root}: missing {side} graph {onnx_path.relative_to(root)}")
     io = info.get("io") or {}
-    need = REQUIRED_IO[side]
-    missing_in = need["inputs"] - set(io.get("inputs", []))
-    missing_out = need["outputs"] - set(io.get("outputs", []))
-    if missing_in or missing_out:
-        raise BundleError(f"bundle {root}: {side} graph lacks IO names {sorted(missing_in | missing_out)}")
+    check_io(root, side, io)
     try:
         tok = Tokenizer.from_file(str(d / "tokenizer.json"))
     except Exception as exc:  # tokenizers raises plain Exception on a bad file

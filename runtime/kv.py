@@ -119,7 +119,7 @@ class ModelRunner:
             self._grow(positions)
 
     def _grow(self, needed: int) -> None:
-        import onnxruntime as ort
+        import onnxruntime as ort  # lazy: importing the runtime (and `edgespec --help`) needs no onnxruntime
 
         cap = max(needed, 2 * self.capacity, CAPACITY_STEP)
         cap = -(-cap // CAPACITY_STEP) * CAPACITY_STEP

@@ -1,4 +1,4 @@
-"""Randomised drafting (randomised-drafting.md, Algorithm 2, Lemmas 4.1-4.4), chained to gamma > 1.
+"""Randomised drafting (randomised-drafting paper, Algorithm 2, Lemmas 4.1-4.4; docs/papers.md), chained to gamma > 1.
 
 One position, drafting probability a in (0, 1]:
   - with probability a: draft x ~ q, accept it with probability min(1, p(x) / (a q(x))), otherwise

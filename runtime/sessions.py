@@ -6,7 +6,7 @@ name (`"CUDAExecutionProvider"`), or an explicit list of names / `(name, options
 order. ORT appends the CPU EP itself, so `cuda` means "CUDA, with CPU for unsupported nodes".
 
 Why the check: onnxruntime-gpu lists CUDA/TensorRT in `get_available_providers()` even on machines
-without a GPU, and a session asked for CUDA then silently runs on CPU (FACTS.md). After creating a
+without a GPU, and a session asked for CUDA then silently runs on CPU (docs/facts.md). After creating a
 session we compare `session.get_providers()` with the request: if the first requested EP is not
 active we raise EPError naming what is active and what this build offers, unless
 `allow_fallback=True`, in which case we warn and record the fallback (it ends up in the stats).
@@ -46,7 +46,7 @@ SILENT = 4         # while creating a non-CPU session: hides the "Failed to load
 
 
 def _ort():
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: importing the runtime (and `edgespec --help`) needs no onnxruntime
 
     return ort
 

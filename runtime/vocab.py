@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
 
 SPIECE_SPACE = "\u2581"  # ▁
 SPECIAL_PREFIX = b"special:"  # key prefix of added special tokens (``special:<content>``): never text
@@ -44,8 +45,6 @@ def gpt2_byte_decoder() -> dict[str, int]:
 def as_tokenizer(tok: Any):
     """A `tokenizers.Tokenizer` from a Tokenizer, a transformers fast tokenizer, a tokenizer.json path
     or a directory holding tokenizer.json."""
-    from tokenizers import Tokenizer
-
     if isinstance(tok, Tokenizer):
         return tok
     backend = getattr(tok, "backend_tokenizer", None)
@@ -209,10 +208,6 @@ def build_maps(target_tok: Any, drafter_tok: Any, target_size: int | None = None
 def intersection_size(d2t: np.ndarray) -> int:
     """Number of drafter ids with a target counterpart."""
     return int((np.asarray(d2t) >= 0).sum())
-
-
-def same_vocab(a: Any, b: Any) -> bool:
-    return vocab_hash(a) == vocab_hash(b)
 
 
 # --------------------------------------------------------------------------- special tokens

@@ -26,7 +26,7 @@ def _outputs(out: Path) -> dict:
 
 def test_raw_source_writes_vocab_priors_and_curve(tmp_path, tiny_models):
     from edgespec.calibrate.select import always_kept, coverage_of
-    from edgespec.export.bundle_writer import load_vocab_file
+    from edgespec.export.kept_vocab import load_vocab_file
     from edgespec.runtime.vocab import tokenizer_info
 
     a, b = tiny_models["tiny-bl-a"], tiny_models["tiny-bl-b"]

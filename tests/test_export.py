@@ -13,6 +13,7 @@ import pytest
 from edgespec.cli import main
 from edgespec.errors import ExportError, ModelSourceError
 from edgespec.export import bundle_writer as BW
+from edgespec.export import kept_vocab as KV
 from edgespec.export import onnx_export as OX
 from edgespec.export import prune as PR
 from edgespec.runtime import Bundle
@@ -104,10 +105,10 @@ def test_manifest_contents(tiny_same_bundle):
 
 
 def test_first_k_keeps_specials():
-    ids = BW.first_k(5, 100, specials=[98, 99, 0])
+    ids = KV.first_k(5, 100, specials=[98, 99, 0])
     assert ids.tolist() == [0, 1, 2, 98, 99]
     with pytest.raises(ExportError, match="special tokens"):
-        BW.first_k(2, 100, specials=[97, 98, 99])
+        KV.first_k(2, 100, specials=[97, 98, 99])
 
 
 def test_prune_head_external_data(tiny_models, tmp_path):
@@ -309,13 +310,13 @@ def test_bad_vocab_file_contents(tiny_models, tmp_path):
     h = vocab_hash(sp)
     with pytest.raises(ExportError, match="not valid JSON"):
         (tmp_path / "v.json").write_text("{")
-        BW.load_vocab_file(tmp_path / "v.json", h, 512, [])
+        KV.load_vocab_file(tmp_path / "v.json", h, 512, [])
     with pytest.raises(ExportError, match="not an edgespec vocab file"):
         (tmp_path / "v.json").write_text("{}")
-        BW.load_vocab_file(tmp_path / "v.json", h, 512, [])
+        KV.load_vocab_file(tmp_path / "v.json", h, 512, [])
     with pytest.raises(ExportError, match="outside the drafter vocabulary"):
         (tmp_path / "v.json").write_text(json.dumps(_vocab_doc(sp, [1, 2, 9999])))
-        BW.load_vocab_file(tmp_path / "v.json", h, 512, [])
+        KV.load_vocab_file(tmp_path / "v.json", h, 512, [])
 
 
 def test_bad_existing_non_bundle_out(tiny_models, tmp_path, capsys, iso_home):
@@ -424,7 +425,7 @@ def test_real_smollm_self_bundle(smollm_self_bundle):
     del sess
     full, _ = _ort_logits(b.target.onnx, ids, prefill=8)  # the target is the unpruned SmolLM2
     assert np.array_equal(got, full[..., :8192])
-    from edgespec.export.sources import cached_dir
+    from edgespec.models.weights import cached_dir
 
     ref = _torch_logits(cached_dir("smollm2-135m"), ids)
     assert np.max(np.abs(full - ref)) <= 1e-3

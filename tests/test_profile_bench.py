@@ -10,8 +10,9 @@ import pytest
 
 from edgespec.cli import main
 from edgespec.errors import EdgespecError, EPError, GenerationError
-from edgespec.profiler.bench import BenchSettings, decoder_family, run_bench
+from edgespec.profiler.bench import decoder_family, run_bench
 from edgespec.profiler.errors import BenchError
+from edgespec.profiler.settings import BenchSettings
 from edgespec.runtime import Bundle
 
 RUN_FIELDS = ("strategy", "draft_length", "acceptance_rate", "tau", "tokens_per_s", "speedup", "ttft_ms", "tpot_ms",

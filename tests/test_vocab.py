@@ -141,8 +141,8 @@ def test_tokenizer_info_tiny(tiny_models):
 
 @pytest.mark.real
 def test_real_intersections_if_cached():
-    """Intersection sizes with Qwen (FACTS.md: SmolLM2 39,234 text tokens; Gemma 95,786 after byte decoding)."""
-    from edgespec.export.sources import cached_dir
+    """Intersection sizes with Qwen (docs/facts.md: SmolLM2 39,234 text tokens; Gemma 95,786 after byte decoding)."""
+    from edgespec.models.weights import cached_dir
 
     q, s, g = cached_dir("qwen2.5-coder-1.5b"), cached_dir("smollm2-135m"), cached_dir("gemma3-270m")
     if q is None or s is None:

@@ -1,0 +1,141 @@
+"""The bundle manifest, BUNDLE/manifest.json (docs/architecture.md): its format constants, the
+structure the exporter writes (export/bundle_files.py builds it through `side_entry`, `vocab_entry` and
+`new_manifest`) and the checks the reader runs (runtime/bundle.py). Torch-free.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from edgespec import __version__
+from edgespec.errors import BundleError
+from edgespec.hashing import sha256_file
+
+FORMAT = "edgespec-bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SIDES = ("target", "drafter")
+REQUIRED_SECTIONS = ("target", "drafter", "vocab", "files")
+REQUIRED_FILES = ("target/model.onnx", "drafter/model.onnx", "target/tokenizer.json", "drafter/tokenizer.json",
+                  "vocab/index_map.npy", "vocab/draft_ids.npy", "vocab/drafter_to_target.npy",
+                  "vocab/target_to_drafter.npy")
+REQUIRED_IO = {
+    "target": {"inputs": {"input_ids", "attention_mask"}, "outputs": {"logits"}},
+    "drafter": {"inputs": {"input_ids", "attention_mask"}, "outputs": {"logits", "index_map", "draft_ids"}},
+}
+# A side's model shape, copied from the HF config (export/onnx_export.py's model_info), in manifest order.
+MODEL_KEYS = ("arch", "num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size",
+              "max_position", "tie_word_embeddings")
+PRIOR_KEYS = ("prior", "affinity", "randomised")     # the vocab section's optional priors, None when absent
+
+
+def manifest_sha256(bundle_dir: str | Path) -> str:
+    """sha256 of a bundle's manifest.json: identifies the bundle in reports and calibration provenance."""
+    return hashlib.sha256((Path(bundle_dir) / MANIFEST).read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- writer
+
+def side_entry(*, source: dict, sub: str, external_data: bool, model: dict, params: int, graph_params: int,
+               bytes_per_forward: int, dtype: str, quantization: dict | None, tokenizer: dict, io: dict,
+               graph: dict, min_forward_tokens: int, export_cache_key: str) -> dict:
+    """The target/drafter entry (the drafter's extra keys are added by the writer after these)."""
+    return {
+        "source": source, "onnx": f"{sub}/model.onnx", "external_data": external_data,
+        **{k: model[k] for k in MODEL_KEYS},
+        "params": params, "graph_params": graph_params, "bytes_per_forward": bytes_per_forward, "dtype": dtype,
+        "quantization": quantization, "tokenizer": tokenizer, "io": io, "graph": graph,
+        "min_forward_tokens": min_forward_tokens, "export_cache_key": export_cache_key,
+    }
+
+
+def vocab_entry(*, kept: int, provenance: dict, intersection: int, kept_with_target: int, target_vocab: int,
+                drafter_vocab: int, target_tokenizer_size: int, drafter_tokenizer_size: int,
+                priors: dict) -> dict:
+    """The vocab section; `priors` maps each of PRIOR_KEYS to its entry or None."""
+    return {"kept": kept, "provenance": provenance, "intersection": intersection,
+            "kept_with_target": kept_with_target, "target_vocab": target_vocab, "drafter_vocab": drafter_vocab,
+            "target_tokenizer_size": target_tokenizer_size, "drafter_tokenizer_size": drafter_tokenizer_size,
+            "vocab_file": "vocab/vocab.json", **{k: priors[k] for k in PRIOR_KEYS}}
+
+
+def new_manifest(*, pair: str | None, same_tokenizer: bool, target: dict, drafter: dict, vocab: dict, checks: dict,
+                 export: dict, files: dict) -> dict:
+    """The whole manifest, stamped with the format, this edgespec's version and the time (UTC)."""
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "edgespec_version": __version__,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "pair": pair, "same_tokenizer": bool(same_tokenizer), "target": target, "drafter": drafter,
+        "vocab": vocab, "checks": checks, "export": export, "files": files,
+    }
+
+
+def list_files(root: Path) -> dict:
+    """The files section: {relative path: {"sha256", "bytes"}} of every file under root but the manifest."""
+    out = {}
+    for f in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+        rel = f.relative_to(root).as_posix()
+        if rel == MANIFEST:
+            continue
+        out[rel] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+    return out
+
+
+def write_manifest(root: Path, manifest: dict) -> None:
+    """Write ROOT/manifest.json atomically (a temporary file renamed into place)."""
+    tmp = Path(root) / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, Path(root) / MANIFEST)
+
+
+# --------------------------------------------------------------------------- reader
+
+def is_bundle_dir(path: Path) -> bool:
+    """Whether `path` holds an edgespec bundle's manifest (the exporter replaces only such directories)."""
+    m = Path(path) / MANIFEST
+    if not m.is_file():
+        return False
+    try:
+        return json.loads(m.read_text()).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def read_manifest(root: Path) -> dict:
+    """ROOT/manifest.json, checked for format, version and sections; BundleError otherwise."""
+    mpath = root / MANIFEST
+    if not mpath.is_file():
+        raise BundleError(f"{root} is not an edgespec bundle: {MANIFEST} is missing")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"bundle {root}: {MANIFEST} is unreadable or corrupt ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise BundleError(f"{root} is not an edgespec bundle (manifest format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
+    ver = manifest.get("format_version")
+    if ver != FORMAT_VERSION:
+        raise BundleError(f"bundle {root} has format_version {ver!r}; this edgespec reads version {FORMAT_VERSION} "
+                          "(re-export it with this version)")
+    for key in REQUIRED_SECTIONS:
+        if not isinstance(manifest.get(key), dict):
+            raise BundleError(f"bundle {root}: manifest lacks {key!r}")
+    return manifest
+
+
+def check_required_files(root: Path, manifest: dict) -> None:
+    """The files section lists every file the runtime needs."""
+    for rel in REQUIRED_FILES:
+        if rel not in manifest["files"]:
+            raise BundleError(f"bundle {root}: manifest does not list required file {rel}")
+
+
+def check_io(root: Path, side: str, io: dict) -> None:
+    """A side's graph has the input and output names the runtime feeds and reads."""
+    need = REQUIRED_IO[side]
+    missing_in = need["inputs"] - set(io.get("inputs", []))
+    missing_out = need["outputs"] - set(io.get("outputs", []))
+    if missing_in or missing_out:
+        raise BundleError(f"bundle {root}: {side} graph lacks IO names {sorted(missing_in | missing_out)}")
