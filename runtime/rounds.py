@@ -212,14 +212,16 @@ class Generation:
         gamma, governor, st = self.draft_budget(), self.dec.governor, self.stats
         if governor is not None:
             gamma = governor.choose(gamma)
-        steps = len(st.draft_ms_steps)
+        fed = self.drafter.tokens_fed if self.drafter is not None else 0
+        t0 = time.perf_counter()
         new = speculative_round(self, gamma)
+        ms = (time.perf_counter() - t0) * 1e3
         st.gamma_per_step.append(gamma)
         if gamma == 0 and self.dec.draft_length:
-            st.fallback_ms += self.target.last_ms
-        if governor is not None:
-            governor.update(st.drafted_per_step[-1], st.accepted_per_step[-1], self.target.last_ms,
-                            st.draft_ms_steps[steps:])
+            st.fallback_ms += ms
+        if governor is not None:     # a round whose drafter caught up on many tokens (its prefill, or after
+            catch_up = self.drafter is not None and self.drafter.tokens_fed - fed > gamma + 2   # plain steps)
+            governor.update(st.drafted_per_step[-1], st.accepted_per_step[-1], None if catch_up else ms)
         return new
 
     def draft_budget(self) -> int:
