@@ -6,8 +6,8 @@ with probability min(1, p(d)) = p(d) and otherwise draws from norm(max(p - oneho
 p conditioned on "not d": the emitted token has law p(d) 1[d] + (1 - p(d)) p(.|not d) = p. Greedy
 verification accepts while d is the target's argmax. Lossless either way.
 
-`ngram-tli` combines it with the model drafter: an n-gram draft when a match exists, the drafter's
-TLI draft otherwise (the drafter's context is kept in step either way, see rounds.draft_tokens).
+`ngram-tli` combines it with the model drafter: an n-gram draft when a match of 2+ tokens exists, the
+drafter's TLI draft otherwise (the drafter's context is kept in step either way, see rounds.draft_tokens).
 """
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ from edgespec.runtime.rounds import Draft, draft_tokens, lookup_draft
 
 DEFAULT_MAX_N = 4
 LOOKBACK = 4096             # search the last tokens only: O(LOOKBACK) per round
+COMBINED_MIN_N = 2          # ngram-tli: a 1-token match is a weaker guess than the drafter's
 
 
-def lookup(history: np.ndarray, max_n: int, gamma: int) -> list[int]:
+def lookup(history: np.ndarray, max_n: int, gamma: int, min_n: int = 1) -> list[int]:
     """The up-to-gamma tokens that followed the latest earlier occurrence of history's last n tokens,
-    for the largest n in max_n..1 that has one; [] when none."""
+    for the largest n in max_n..min_n that has one; [] when none."""
     hist = history[-LOOKBACK:]
     size = hist.shape[0]
-    for n in range(min(max_n, size - 1), 0, -1):
+    for n in range(min(max_n, size - 1), min_n - 1, -1):
         windows = sliding_window_view(hist[:size - 1], n)      # starts i with i + n <= size - 1
         hits = np.flatnonzero((windows == hist[size - n:]).all(axis=1))
         if hits.size:
@@ -45,7 +46,7 @@ def propose(gen, gamma: int) -> Draft:
     """The n-gram continuation when there is one; else the drafter's draft (ngram-tli), or none."""
     max_n = int(gen.dec.options.get("ngram_max_n", DEFAULT_MAX_N))
     history = np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64)
-    found = lookup(history, max_n, gamma)
+    found = lookup(history, max_n, gamma, min_n=1 if gen.drafter is None else COMBINED_MIN_N)
     if found or gen.drafter is None:
         return lookup_draft(gen, found)
     return draft_tokens(gen, gamma)
