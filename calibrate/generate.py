@@ -64,7 +64,9 @@ class TorchGenerator:
                                    f"(pip install 'edgespec[export]'), or pass --bundle: {exc}") from None
         torch.set_num_threads(1)          # 2 threads are pathological on these VMs (docs/facts.md)
         self.torch = torch
-        self.tok = AutoTokenizer.from_pretrained(str(hf_dir))
+        # transformers 4.57.6 warns of an "incorrect regex pattern" for any >100k-vocab tokenizer saved by
+        # 4.57.3+; Qwen2's pattern is right (its "fix" changed 6 of 9 texts), and the default equals tokenizer.json
+        self.tok = AutoTokenizer.from_pretrained(str(hf_dir), fix_mistral_regex=False)
         self.model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
         self.chat = bool(self.tok.chat_template) if chat is None else chat
         if self.chat and not self.tok.chat_template:
