@@ -74,7 +74,8 @@ def register(subparsers) -> None:
     r.add_argument("--tf-max-len", type=int, default=512, help="tokens per teacher-forced sequence")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--out", type=Path, required=True, metavar="VOCAB.json")
+    p.add_argument("--out", type=Path, required=True, metavar="VOCAB.json",
+                   help="the kept-vocabulary file to write (its directory is created if missing)")
     p.set_defaults(func=run)
 
 

@@ -75,8 +75,13 @@ class AtomicOutput:
     def __init__(self, out: Path):
         self.paths = output_paths(Path(out))
         parent = self.paths["vocab"].parent
-        if not parent.is_dir():
-            raise CalibrationError(f"output directory {parent} does not exist")
+        if parent.exists() and not parent.is_dir():
+            raise CalibrationError(f"--out {self.paths['vocab']}: {parent} is not a directory")
+        try:
+            parent.mkdir(parents=True, exist_ok=True)      # like `mkdir -p`: --out new/dir/vocab.json works
+        except OSError as exc:
+            raise CalibrationError(f"--out {self.paths['vocab']}: cannot create the directory {parent} "
+                                   f"({exc.strerror or exc})") from None
         if self.paths["vocab"].is_dir():
             raise CalibrationError(f"--out {self.paths['vocab']} is a directory; give a file name like vocab.json")
         self.tmp = parent / f".{self.paths['vocab'].name}.tmp-{os.getpid()}"

@@ -122,6 +122,15 @@ def split_prompts(prompts: list[Prompt], split: str) -> list[Prompt]:
     return [p for p in prompts if (p.id in test_ids) == want_test]
 
 
+def empty_split_message(source: str, prompts: list[Prompt], split: str, flag: str = "split") -> str:
+    """One line saying that `split` leaves none of `prompts` (read from `source`), and why; `flag` is how
+    the caller's user names the split setting (e.g. "--split")."""
+    cats = len({p.category for p in prompts})
+    return (f"{flag} {split} leaves none of the {len(prompts)} prompt(s) in {source} ({cats} categor"
+            f"{'y' if cats == 1 else 'ies'}; the test split is round({TEST_FRACTION:g} x n) of each category's n "
+            f"prompts, calib the rest): use {flag} all")
+
+
 def load_prompts(spec: str, split: str = "all") -> list[Prompt]:
     """Prompts of `spec` (`humaneval` or a jsonl file) in the given split ("calib", "test", "all")."""
     path = humaneval_path() if spec == HUMANEVAL else Path(spec)

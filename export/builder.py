@@ -28,7 +28,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -101,10 +100,12 @@ def build_model(hf_dir: Path, source_sha256: str, name: str = "model", precision
         options["algo_config"] = algo or DEFAULT_INT4_ALGO
     cache = Path(cache) if cache is not None else exports_dir()
     final = cache / build_key(source_sha256, precision, ep, options)
+    ox.remove_stale_tmpdirs(cache, ox.KEY_RE + r"\.tmp-", progress)        # killed builds' leftovers
+    ox.remove_stale_tmpdirs(cache, r"\." + ox.KEY_RE + r"\.tmp-", progress, suffix=".builder.log")
     if (final / ox.META).is_file() and (final / "model.onnx").is_file():
         return ox.CachedExport(final, json.loads((final / ox.META).read_text()))
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=cache))
+    tmp = ox.owned_tmpdir(cache, f"{final.name}.tmp-")
     try:
         meta = _build_into(Path(hf_dir), tmp, name, source_sha256, precision, ep, options, progress)
         if not final.exists():

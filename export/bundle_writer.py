@@ -1,7 +1,9 @@
 """`export_bundle`: target + pruned drafter -> an ONNX bundle (see docs/architecture.md).
 
 The bundle is written into a temporary sibling directory and renamed into place only when
-complete, so a failed or interrupted export leaves no half-written bundle. An existing output
+complete, so a failed or interrupted export leaves no half-written bundle. That directory's name
+records its owner process (`.OUT.tmp-<pid>.<host>-*`); a killed export cannot remove it, so the next
+export to OUT removes those whose owner is gone (`remove_stale_leftovers`). An existing output
 directory is replaced only if it is an edgespec bundle (or empty). The graphs come from
 export/pair_graphs.py; export/bundle_files.py writes the contents.
 """
@@ -9,9 +11,9 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -70,6 +72,7 @@ def export_bundle(target: str, drafter: str, out: str | Path, keep: int | None =
     if graph not in (None, "builder", "optimum"):
         raise ExportError(f"--graph must be builder or optimum, got {graph!r}")
     check_out_dir(out)
+    remove_stale_leftovers(out, progress)
     try:
         return _export_bundle(target, drafter, out, keep, vocab, pair, progress, cache, transform, force_external,
                               graph, builder)
@@ -102,7 +105,7 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
     t_exp, d_exp, transform = make_graphs(t_src, d_src, graph, builder, transform, cache_dir, progress, force_external)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = ox.owned_tmpdir(out.parent, f".{out.name}.tmp-")
     _chmod_default(tmp)
     parts = BundleParts(target=Side(t_src, t_exp, t_info, t_tok), drafter=Side(d_src, d_exp, d_info, d_tok),
                         kept=kept, pair=pair, progress=progress, transform=transform)
@@ -179,9 +182,19 @@ def _same_fs(a: Path, b: Path) -> bool:
         return False
 
 
+def remove_stale_leftovers(out: Path, progress: bool = False) -> list[Path]:
+    """Remove what killed exports to `out` left beside it: `.OUT.tmp-*` directories whose owner process
+    is gone (onnx_export.is_stale), and, once `out` exists again, `.OUT.old-*` (a replaced bundle the
+    swap did not get to delete; while `out` is missing it may be the only copy, so it stays)."""
+    removed = ox.remove_stale_tmpdirs(out.parent, re.escape(f".{out.name}.tmp-"), progress)
+    if out.is_dir():
+        removed += ox.remove_stale_tmpdirs(out.parent, re.escape(f".{out.name}.old-"), progress)
+    return removed
+
+
 def _swap_into_place(tmp: Path, out: Path) -> None:
     if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}.{ox.host_tag()}-{os.urandom(4).hex()}")
         os.replace(out, old)
         try:
             os.replace(tmp, out)

@@ -6,10 +6,21 @@ partial (interrupted) bench still compares like with like. Measured quantities a
 repeat, and the run reports their median over repeats (and [min, max] as the spread); the derived
 quantities (c_time, MBSU, realisation, bandwidth fraction) are computed from those reported medians, so a
 report is self-consistent: mbsu_time == tau / (c_time * draft_length + 1) holds for the printed values.
+
+A configuration is (strategy label, draft-length setting): an int gamma (0 for ar) or "auto". An auto row's
+`draft_length` is the mean gamma the governor chose per round, pooled over the row's generations, and its
+MBSU uses that mean. The drafting statistics (acceptance by draft position, zero-accept share, gamma chosen,
+time in fallback) are pooled over the row's generations (`drafting_stats`), like onnxruntime-genai's.
+A strategy that drafts without a model (ngram) has c = 0: MBSU = tau.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 from edgespec.profiler import mbsu as M
+from edgespec.profiler.journal import config_of
+from edgespec.profiler.settings import is_auto
+from edgespec.runtime.strategies import get_strategy
 
 # summarised per repeat, reported as the median over repeats with a [min, max] spread
 MEDIAN_FIELDS = ("acceptance_rate", "tau", "tokens_per_s", "speedup", "ttft_ms", "tpot_ms", "draft_step_ms",
@@ -25,8 +36,9 @@ def _pooled_median(recs, key) -> float | None:
     return M.median(v for r in recs for v in r.get(key) or [])
 
 
-def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma: int, manifest: dict) -> dict:
-    """Summary of one configuration over one repeat's prompts (recs and ar_recs: the same prompts)."""
+def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma, manifest: dict) -> dict:
+    """Summary of one configuration over one repeat's prompts (recs and ar_recs: the same prompts); gamma:
+    the draft-length setting (0: ar, nothing drafted)."""
     tokens, total = _sum(recs, "new_tokens"), _sum(recs, "total_ms")
     ar_tokens, ar_total = _sum(ar_recs, "new_tokens"), _sum(ar_recs, "total_ms")
     drafted, accepted = _sum(recs, "drafted"), _sum(recs, "accepted")
@@ -63,7 +75,7 @@ def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma: int, manifest: 
 def _by_repeat_and_prompt(records: list[dict], key: tuple) -> dict:
     out: dict = {}
     for r in records:
-        if (r["strategy"], r["draft_length"]) == key:
+        if config_of(r) == key:
             out.setdefault(r["repeat"], {})[r["prompt_id"]] = r
     return out
 
@@ -105,12 +117,15 @@ def summarise_config(records: list[dict], key: tuple, manifest: dict, stream_gbs
         pairs.extend(zip(recs, ars))
     if not repeats:
         return None
-    run = {"strategy": strategy, "draft_length": gamma, "repeats_measured": len(repeats),
+    stats = drafting_stats([a for a, _ in pairs]) if gamma != 0 else dict.fromkeys(DRAFTING_FIELDS)
+    run = {"strategy": strategy, "draft_length": stats["mean_gamma"] if is_auto(gamma) else gamma,
+           "draft_length_setting": gamma, "repeats_measured": len(repeats),
            "prompts": max(r["prompts"] for r in repeats)}
     for f in MEDIAN_FIELDS:
         run[f] = M.median(r[f] for r in repeats)
     run["peak_rss_mb"] = max(r["peak_rss_mb"] for r in repeats)
-    run.update(derived(run, manifest, stream_gbs))
+    run.update(stats)
+    run.update(derived(run, manifest, stream_gbs, uses_drafter(strategy)))
     run["spread"] = {f: _min_max([r[f] for r in repeats]) for f in (*MEDIAN_FIELDS, "c_time")}
     run["providers"] = _providers([p[0] for p in pairs])
     run["drafter_resyncs"] = int(sum(p[0].get("drafter_resyncs", 0) for p in pairs))
@@ -121,21 +136,59 @@ def summarise_config(records: list[dict], key: tuple, manifest: dict, stream_gbs
     return run
 
 
-def derived(run: dict, manifest: dict, stream_gbs: float | None) -> dict:
-    """c, MBSU, realisation and bandwidth fraction from a run's reported (median) values."""
+def uses_drafter(label: str) -> bool:
+    """Whether a strategy label's strategy runs the drafter model (ngram drafts by lookup, ar not at all)."""
+    return get_strategy(label.split(":")[0]).uses_drafter
+
+
+def derived(run: dict, manifest: dict, stream_gbs: float | None, drafter: bool = True) -> dict:
+    """c, MBSU, realisation and bandwidth fraction from a run's reported values (gamma: the row's draft
+    length, for an auto row the mean gamma chosen). No drafter model (ngram): c = 0, MBSU = tau."""
     gamma, tau = run["draft_length"], run["tau"]
-    if gamma == 0:
-        c = {"c_params": None, "c_bytes": None}
+    if run.get("draft_length_setting", gamma) == 0:
+        c = {"c_params": None, "c_bytes": None, "c_time": None}
+    elif not drafter:
+        c = {"c_params": 0.0, "c_bytes": 0.0, "c_time": 0.0}
     else:
-        c = {"c_params": M.c_params(manifest), "c_bytes": M.c_bytes(manifest)}
-    c["c_time"] = M.c_time(run["draft_step_ms"], run["target_decode_ms"]) if gamma else None
+        c = {"c_params": M.c_params(manifest), "c_bytes": M.c_bytes(manifest),
+             "c_time": M.c_time(run["draft_step_ms"], run["target_decode_ms"])}
     out = dict(c)
-    out["mbsu_params"] = M.mbsu(tau, c["c_params"], gamma)
-    out["mbsu_bytes"] = M.mbsu(tau, c["c_bytes"], gamma)
-    out["mbsu_time"] = M.mbsu(tau, c["c_time"], gamma)
+    for kind in ("params", "bytes", "time"):
+        out[f"mbsu_{kind}"] = M.mbsu(tau, c[f"c_{kind}"], gamma) if gamma is not None else None
     out["realisation"] = M.ratio(run["speedup"], out["mbsu_time"])
     out["bandwidth_fraction"] = M.ratio(run["bandwidth_gbs"], stream_gbs)
     return out
+
+
+DRAFTING_FIELDS = ("mean_gamma", "gamma_histogram", "drafting_rounds", "zero_accept_share", "acceptance_by_position",
+                   "reached_by_position", "fallback_ms", "fallback_share")
+
+
+def drafting_stats(recs: list[dict]) -> dict:
+    """Pooled over the generations' rounds (records' accepted_per_step, drafted_per_step, gamma_per_step):
+    - acceptance_by_position[j-1] = accepted / reached at draft position j, where a round "reached" j when
+      it drafted >= j tokens and accepted >= j - 1 of them, and "accepted" j when it accepted >= j
+      (reached_by_position holds the reached counts; null where none reached);
+    - zero_accept_share: rounds that drafted something and accepted nothing / rounds that drafted something;
+    - mean_gamma and gamma_histogram {gamma: rounds}: the draft length chosen per round (auto: the governor's);
+    - fallback_share: Σ fallback_ms (rounds run with gamma 0) / Σ decode ms (total_ms - ttft_ms)."""
+    acc = [a for r in recs for a in r.get("accepted_per_step") or []]
+    dra = [d for r in recs for d in r.get("drafted_per_step") or []]
+    gammas = [g for r in recs for g in r.get("gamma_per_step") or []]
+    drafting = [a for d, a in zip(dra, acc) if d > 0]
+    by_pos, reached_by_pos = [], []
+    for j in range(1, max(dra, default=0) + 1):
+        reached = [a >= j for d, a in zip(dra, acc) if d >= j and a >= j - 1]
+        by_pos.append(sum(reached) / len(reached) if reached else None)
+        reached_by_pos.append(len(reached))
+    fallback = float(sum(r.get("fallback_ms") or 0.0 for r in recs))
+    return {"mean_gamma": sum(gammas) / len(gammas) if gammas else None,
+            "gamma_histogram": {str(g): n for g, n in sorted(Counter(gammas).items())},
+            "drafting_rounds": len(drafting),
+            "zero_accept_share": sum(a == 0 for a in drafting) / len(drafting) if drafting else None,
+            "acceptance_by_position": by_pos, "reached_by_position": reached_by_pos,
+            "fallback_ms": fallback,
+            "fallback_share": M.ratio(fallback, sum(r["total_ms"] - r["ttft_ms"] for r in recs))}
 
 
 def _min_max(values: list) -> list | None:

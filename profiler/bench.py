@@ -1,11 +1,14 @@
 """`edgespec bench`: measured speedup and MBSU per (strategy, draft length) on one execution provider.
 
 Procedure (torch-free):
-1. check the settings and that the report directory is writable; load and filter the prompts
-   (`edgespec.calibrate.prompts`: HumanEval or Spec-Bench-style jsonl, deterministic calib/test split);
-2. load the bundle and create ONE target session and ONE drafter session; every configuration
-   (ar, and each strategy x draft length) is a decoder sharing them (`decoder_family`), so memory does
-   not grow with the number of configurations and all see the same sessions;
+1. check every setting (strategies, options, draft lengths, sampling arguments), load and filter the
+   prompts (`edgespec.calibrate.prompts`: HumanEval or Spec-Bench-style jsonl; the deterministic
+   calib/test split applies to humaneval by default, a user's file is used whole), and check that the
+   report directory is writable;
+2. load the bundle, check each strategy against it, then create ONE target session and ONE drafter session
+   (none when no strategy drafts with a model: ar, ngram); every configuration (ar, and each strategy x
+   draft length, "auto" included) is a decoder sharing them (`decoder_family`), so memory does not grow
+   with the number of configurations and all see the same sessions;
 3. a NumPy stream-read test gives this machine's read bandwidth;
 4. warm-up: one short generation per configuration (not recorded);
 5. measure: for each repeat, for each prompt, every configuration in turn (ar first), so machine drift
@@ -13,10 +16,12 @@ Procedure (torch-free):
 6. summarise (aggregate.py) and write report.json, report.md and the plots (report.py).
 Each generation is also appended to REPORT/records.jsonl as it is measured (journal.py), so a run that is
 killed loses nothing and `--resume` continues it. Ctrl-C during step 5 stops measuring; what was measured
-is summarised and written with "partial": true.
+is summarised and written with "partial": true. A bench that fails before measuring anything removes what
+it created in REPORT (the directory too, if this run made it).
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import sys
@@ -27,41 +32,96 @@ from typing import Callable
 import numpy as np
 from tqdm import tqdm
 
-from edgespec.calibrate.prompts import SPLITS, load_prompts
+from edgespec.calibrate.prompts import HUMANEVAL, SPLITS, empty_split_message, load_prompts, split_prompts
+from edgespec.errors import GenerationError
 from edgespec.profiler import journal
 from edgespec.profiler import report as R
 from edgespec.profiler.aggregate import summarise
 from edgespec.profiler.errors import BenchError
 from edgespec.profiler.machine import peak_rss_mb, read_bandwidth, reset_peak_rss
-from edgespec.profiler.settings import BenchSettings
+from edgespec.profiler.settings import BenchSettings, gamma_label, is_auto
 from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.decoder import SpeculativeDecoder
+from edgespec.runtime.decoder import MAX_DRAFT_LENGTH, SpeculativeDecoder, check_draft_length, check_generation_args
 from edgespec.runtime.manifest import manifest_sha256
-from edgespec.runtime.strategies import get_strategy
+from edgespec.runtime.rounds import draft_tokens
+from edgespec.runtime.strategies import STRATEGIES, get_strategy
 
 RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms", "draft_ms",
                 "verify_ms", "overhead_ms", "sampler_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted",
-                "accepted", "drafter_resyncs", "drafter_fallback_steps", "stop_reason", "providers", "fallbacks")
+                "accepted", "drafter_resyncs", "drafter_fallback_steps", "fallback_ms", "stop_reason", "providers",
+                "fallbacks")
+STEP_LISTS = ("accepted_per_step", "drafted_per_step", "gamma_per_step")     # kept for drafting rows only
+DECODER_OPTIONS = ("draft_probability", "concurrent_draft", "draft_confidence")   # decoder keywords, not strategy's
 WARMUP_TOKENS = 8
 
 
 # --------------------------------------------------------------------------- checks
 
 def check_settings(s: BenchSettings) -> None:
+    """Every setting that needs no bundle, before anything is loaded or created."""
     if not s.strategies:
         raise BenchError("give at least one strategy (--strategies ar,tli,...)")
     if len(set(s.strategies)) != len(s.strategies):
         raise BenchError(f"--strategies lists a strategy twice: {','.join(s.strategies)}")
+    for label in s.strategies:
+        name, opts = parse_strategy(label)
+        check_row(label, get_strategy(name), {**s.options, **opts})
     if any(st != "ar" for st in s.strategies):
-        if not s.draft_lengths or any(isinstance(g, bool) or int(g) != g or g < 1 for g in s.draft_lengths):
-            raise BenchError(f"--draft-length needs integers >= 1, got {s.draft_lengths}")
+        check_draft_lengths(s.draft_lengths)
+    m = s.max_draft_length
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_DRAFT_LENGTH:
+        raise BenchError(f"--max-draft-length must be an integer in [1, {MAX_DRAFT_LENGTH}], got {m!r}")
     for name, value, low in (("--repeats", s.repeats, 1), ("--max-new-tokens", s.max_new_tokens, 1)):
         if isinstance(value, bool) or int(value) != value or value < low:
             raise BenchError(f"{name} must be an integer >= {low}, got {value!r}")
     if not (s.temperature >= 0):
         raise BenchError(f"--temperature must be >= 0, got {s.temperature}")
+    check_generation_args(int(s.max_new_tokens), s.temperature, s.top_k, s.top_p, s.seed, None)
     if s.limit is not None and s.limit < 1:
         raise BenchError(f"--limit must be >= 1, got {s.limit}")
+
+
+def check_draft_lengths(values) -> None:
+    """Integers in [1, 64] (the runtime's check_draft_length) and/or "auto", each once."""
+    def refuse():
+        return BenchError(f"--draft-length needs integers in [1, {MAX_DRAFT_LENGTH}] and/or auto, got "
+                          f"{','.join(map(str, values or [])) or 'none'}")
+    if not values:
+        raise refuse()
+    for g in values:
+        if is_auto(g):
+            continue
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or int(g) != g:
+            raise refuse()
+        try:
+            check_draft_length(int(g))
+        except GenerationError:
+            raise refuse() from None
+    labels = [gamma_label(g if is_auto(g) else int(g)) for g in values]
+    if len(set(labels)) != len(labels):
+        raise BenchError(f"--draft-length lists a draft length twice: {','.join(labels)}")
+
+
+def check_row(label: str, strat, opts: dict) -> None:
+    """A row's options: names some strategy (or the decoder) reads, and the decoder keywords' values."""
+    if strat.name == "ar" and label != "ar":
+        raise BenchError(f"strategy {label!r}: ar takes no options")
+    known = {n for st in STRATEGIES.values() for n in st.options} | set(DECODER_OPTIONS)
+    for key, value in opts.items():
+        if key == "max_draft_length":
+            raise BenchError("max_draft_length is not a strategy option: use --max-draft-length")
+        if key not in known:
+            raise BenchError(f"strategy {label!r}: unknown option {key!r}; known: {', '.join(sorted(known))}")
+        if key == "concurrent_draft" and not isinstance(value, bool):
+            raise BenchError(f"strategy {label!r}: concurrent_draft must be true or false, got {value!r}")
+        if key == "draft_confidence" and (isinstance(value, (bool, str)) or not 0.0 < value < 1.0):
+            raise BenchError(f"strategy {label!r}: draft_confidence must be in (0, 1), got {value!r}")
+        if key == "draft_probability" and strat.name != "ar":
+            if value != "auto" and (isinstance(value, (bool, str)) or not 0.0 < value <= 1.0):
+                raise BenchError(f"strategy {label!r}: draft_probability must be in (0, 1] or auto, got {value!r}")
+            if strat.name != "auto" and (not strat.uses_drafter or strat.propose is not draft_tokens):
+                raise BenchError(f"strategy {label!r}: draft_probability needs a token-level drafting strategy "
+                                 "(tli, sd, rdk-taylor, rdk)")
 
 
 def check_report_dir(path: Path) -> Path:
@@ -77,22 +137,32 @@ def check_report_dir(path: Path) -> Path:
     return path
 
 
-def select_prompts(s: BenchSettings) -> list:
-    """The prompts of the chosen split and categories, non-empty ones only, at most `limit`."""
+def select_prompts(s: BenchSettings) -> tuple[list, str]:
+    """The prompts of the chosen split and categories, non-empty ones only, at most `limit`, and the sha256
+    of the prompts' content (the journal's fingerprint). An empty result names the filter that emptied it."""
     if s.split not in SPLITS:
         raise BenchError(f"unknown split {s.split!r}; use one of {', '.join(SPLITS)}")
-    prompts = load_prompts(s.prompts, s.split)
+    every = load_prompts(s.prompts, "all")
+    digest = journal.prompts_sha256(s.prompts, None if s.prompts == HUMANEVAL else s.prompts, every)
     if s.categories:
-        have = sorted({p.category for p in prompts})
+        have = sorted({p.category for p in every})
         unknown = [c for c in s.categories if c not in have]
         if unknown:
             raise BenchError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(repr, unknown))} "
-                             f"in {s.prompts} (split {s.split}); it has: {', '.join(have)}")
+                             f"in {s.prompts}; it has: {', '.join(have)}")
+    prompts = split_prompts(every, s.split)
+    if not prompts:
+        raise BenchError("no prompts left: " + empty_split_message(s.prompts, every, s.split, "--split"))
+    if s.categories:
+        left = sorted({p.category for p in prompts})
         prompts = [p for p in prompts if p.category in s.categories]
+        if not prompts:
+            raise BenchError(f"no prompts left: the {s.split} split of {s.prompts} has none in --category "
+                             f"{','.join(s.categories)} (it has: {', '.join(left)})")
     usable = [p for p in prompts if p.text and p.text.strip()]
     if not usable:
         raise BenchError(f"no usable prompts in {s.prompts} (split {s.split}): every prompt text is empty")
-    return usable[: s.limit] if s.limit else usable
+    return (usable[: s.limit] if s.limit else usable), digest
 
 
 # --------------------------------------------------------------------------- decoders sharing sessions
@@ -121,22 +191,45 @@ def parse_options(items: list[str] | None, where: str = "--strategy-option") -> 
     return out
 
 
-def decoder_family(bundle, configs: list[tuple[str, int]], s: BenchSettings) -> dict:
-    """{(strategy label, gamma): decoder}, all sharing one target and (if any strategy drafts) one drafter
-    session (SpeculativeDecoder.variant: generations run one at a time and each resets both KV runners).
-    Every strategy is checked against the bundle here, before anything is measured."""
-    parsed = {}                               # label -> (strategy name, its options over --strategy-option)
+def _decoder_length(gamma):
+    return gamma if is_auto(gamma) else max(int(gamma), 1)        # ar's 0: any length, it drafts nothing
+
+
+def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
+    """{(strategy label, draft-length setting): decoder}, all sharing one target and (if any strategy drafts
+    with the model) one drafter session (SpeculativeDecoder.variant: generations run one at a time and each
+    resets both KV runners). The base decoder is the first row that uses the drafter, else ar (ngram needs
+    none). Every strategy is checked against the bundle before any session is created."""
+    rows = {}                                 # label -> (strategy name, its options over --strategy-option)
     for label, _ in configs:
         name, opts = parse_strategy(label)
-        parsed[label] = (name, {**s.options, **opts})
-    drafting = [(st, g) for st, g in configs if get_strategy(parsed[st][0]).uses_drafter]
-    first = drafting[0] if drafting else ("ar", 0)
-    name, opts = parsed[first[0]]
-    base = SpeculativeDecoder(bundle, strategy=name, draft_length=max(first[1], 1), ep=s.ep, draft_ep=s.draft_ep,
-                              threads=s.threads, draft_threads=s.draft_threads, **opts)
-    return {key: (base if key == first else
-                  base.variant(strategy=parsed[key[0]][0], draft_length=max(key[1], 1), **parsed[key[0]][1]))
-            for key in configs}
+        rows[label] = (name, {} if name == "ar" else {**s.options, **opts})
+    for label, (name, opts) in rows.items():
+        strat = get_strategy(name)
+        check_row(label, strat, opts)
+        if strat.check:
+            strat.check(bundle, {k: v for k, v in opts.items() if k not in DECODER_OPTIONS})
+        if opts.get("draft_probability") == "auto" and bundle.a_star is None:
+            raise GenerationError("draft_probability='auto' needs a calibrated a* in the bundle (vocab/randomised.json)")
+    drafting = [key for key in configs if get_strategy(rows[key[0]][0]).uses_drafter]
+    first = drafting[0] if drafting else configs[0]
+    name, opts = rows[first[0]]
+    base = SpeculativeDecoder(bundle, strategy=name, draft_length=_decoder_length(first[1]), ep=s.ep,
+                              draft_ep=s.draft_ep, threads=s.threads, draft_threads=s.draft_threads,
+                              max_draft_length=s.max_draft_length, **opts)
+    return {key: base if key == first else _variant(base, *rows[key[0]], key[1]) for key in configs}
+
+
+def _variant(base, name: str, opts: dict, gamma):
+    """base.variant(...); draft_confidence is a constructor keyword that variant() does not take, so a row
+    with its own is made from a copy of base that carries it (same sessions; the variant checks it)."""
+    opts = dict(opts)
+    confidence = opts.pop("draft_confidence", None)
+    src = base
+    if confidence != base.draft_confidence:
+        src = copy.copy(base)
+        src.draft_confidence = confidence
+    return src.variant(strategy=name, draft_length=_decoder_length(gamma), **opts)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -163,11 +256,18 @@ def _generate(dec, ids, s: BenchSettings, max_new: int, seed: int | None):
 
 
 def record(res, repeat: int, prompt, key: tuple, rss_mb: float) -> dict:
+    """One generation's record. `draft_length_setting` is the row's setting (int gamma, 0 for ar, or "auto");
+    `draft_length` the gamma it ran with: the setting, or for "auto" the mean gamma chosen per round."""
     d = res.stats.to_dict()
+    gammas = list(d.get("gamma_per_step") or [])
+    mean = float(np.mean(gammas)) if gammas else None
     rec = {"repeat": repeat, "prompt_id": prompt.id, "category": prompt.category, "strategy": key[0],
-           "draft_length": key[1], **{k: d[k] for k in RECORD_STATS}, "peak_rss_mb": rss_mb}
+           "draft_length": mean if is_auto(key[1]) else key[1], "draft_length_setting": key[1],
+           **{k: d[k] for k in RECORD_STATS}, "peak_rss_mb": rss_mb}
     rec["draft_ms_steps"] = list(d.get("draft_ms_steps") or [])
     rec["decode_ms_steps"] = list((d.get("verify_ms_by_k") or {}).get("1", []))
+    for name in STEP_LISTS:                  # per round; ar's are all zeros, not worth a journal line
+        rec[name] = list(d.get(name) or []) if key[1] != 0 else []
     rec["output_sha256"] = hashlib.sha256(np.asarray(res.token_ids, dtype=np.int64).tobytes()).hexdigest()
     return rec
 
@@ -186,7 +286,7 @@ def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dic
         for rep, i, key in todo:
             prompt, ids = encoded[i]
             seed = None if s.temperature == 0 else s.seed + 100_003 * rep + i
-            bar.set_postfix_str(f"rep {rep + 1} {prompt.id} {key[0]} g={key[1]}", refresh=False)
+            bar.set_postfix_str(f"rep {rep + 1} {prompt.id} {key[0]} g={gamma_label(key[1])}", refresh=False)
             reset_peak_rss()
             res = _generate(decoders[key], ids, s, s.max_new_tokens, seed)
             records.append(record(res, rep, prompt, key, peak_rss_mb()))
@@ -208,43 +308,60 @@ def warm_up(decoders: dict, ids: list[int], s: BenchSettings) -> None:
 
 
 def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> dict:
-    """Run the whole benchmark and write the report; returns the report document."""
+    """Run the whole benchmark and write the report; returns the report document. Settings are checked
+    before anything is created; a bench that fails before its first generation is journaled removes the files
+    it created in the report directory, and the directory (with any parents) if it created them."""
     t0 = time.time()
     check_settings(s)
-    out = check_report_dir(s.report)
-    prompts = select_prompts(s)
+    prompts, prompts_digest = select_prompts(s)
+    report = Path(s.report).expanduser()
+    new_dirs = _missing_dirs(report)
+    before = {p.name for p in report.iterdir()} if report.is_dir() else set()
+    measured: list[dict] = []
+    try:
+        return _bench(s, check_report_dir(report), prompts, prompts_digest, hook, measured, t0)
+    except BaseException:
+        if not measured:
+            _remove_created(report, before, new_dirs)
+        raise
+
+
+def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook, measured: list, t0: float) -> dict:
     bundle = Bundle.load(s.bundle, verify=s.verify)
-    fp = journal.fingerprint(s, manifest_sha256(s.bundle))
+    fp = journal.fingerprint(s, manifest_sha256(s.bundle), prompts_digest)
     done = journal.read(out, fp) if s.resume else None
     configs = s.configs()
-    decoders = decoder_family(bundle, configs, s)
-    encoded, skipped = encode_prompts(decoders[("ar", 0)], prompts, s)
-    if skipped:
-        print(f"edgespec: warning: {len(skipped)} prompt(s) skipped (prompt + max_new_tokens over the context)",
-              file=sys.stderr)
-    bandwidth = read_bandwidth(s.bandwidth_mb)
-    log = journal.Journal(out, fp, done)
-    if done:                     # a resumed run may have been given fewer prompts or repeats: keep those records
-        plan = {(rep, p.id, *key) for rep in range(s.repeats) for p, _ in encoded for key in decoders}
-        done = [r for r in done if journal.record_key(r) in plan]
+    log = journal.Journal(out, fp, done)       # before the sessions: refuses to overwrite an earlier run's journal
 
     def keep(rec: dict) -> None:
         log.append(rec)
+        measured.append(rec)
         if hook is not None:
             hook(rec)
     try:
-        if s.warmup:
-            warm_up(decoders, encoded[0][1], s)
-    except KeyboardInterrupt:
-        print("edgespec: interrupted during the warm-up: nothing new measured (partial)", file=sys.stderr)
-        records, partial = list(done or []), True
-    else:
-        records, partial = measure(decoders, encoded, s, keep, done)
+        decoders = decoder_family(bundle, configs, s)
+        encoded, skipped = encode_prompts(decoders[("ar", 0)], prompts, s)
+        if skipped:
+            print(f"edgespec: warning: {len(skipped)} prompt(s) skipped (prompt + max_new_tokens over the context)",
+                  file=sys.stderr)
+        bandwidth = read_bandwidth(s.bandwidth_mb)
+        if done:                 # a resumed run may have been given fewer prompts or repeats: keep those records
+            plan = {(rep, p.id, *key) for rep in range(s.repeats) for p, _ in encoded for key in decoders}
+            done = [r for r in done if journal.record_key(r) in plan]
+        try:
+            if s.warmup:
+                warm_up(decoders, encoded[0][1], s)
+        except KeyboardInterrupt:
+            print("edgespec: interrupted during the warm-up: nothing new measured (partial)", file=sys.stderr)
+            records, partial = list(done or []), True
+        else:
+            records, partial = measure(decoders, encoded, s, keep, done)
     finally:
         log.close()
     if done:
         print(f"edgespec: resumed: {len(done)} generation(s) from the journal, {len(records) - len(done)} measured "
               "now", file=sys.stderr)
+    measured.append(None)                      # from here on the run's files stay, whatever happens
     gbs = bandwidth["gbs"] if bandwidth else None
     runs = summarise(records, configs, bundle.manifest, gbs)
     doc = R.build_report(s, bundle, runs, records, bandwidth, partial, [p.id for p, _ in encoded], skipped,
@@ -253,3 +370,27 @@ def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> d
     R.write_report(doc, out, progress=s.progress)
     return doc
 
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """The directories mkdir(parents=True) would create for `path`, deepest first."""
+    out, p = [], path.absolute()
+    while not p.exists() and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def _remove_created(report: Path, before: set, new_dirs: list[Path]) -> None:
+    """Undo what a failed run created: files in `report` that were not there before, then the directories
+    it made (only while empty). Never a pre-existing directory or a file this run did not create."""
+    try:
+        for p in report.iterdir():
+            if p.name not in before and (p.is_file() or p.is_symlink()):
+                p.unlink()
+    except OSError:
+        pass
+    for d in new_dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            break

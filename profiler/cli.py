@@ -10,7 +10,7 @@ from edgespec.profiler import bench
 from edgespec.profiler.bench import parse_options
 from edgespec.profiler.demo import register_demo as _register_demo
 from edgespec.profiler.report import lossless_line, table
-from edgespec.profiler.settings import BenchSettings
+from edgespec.profiler.settings import AUTO, DEFAULT_MAX_DRAFT_LENGTH, BenchSettings
 from edgespec.profiler.study_cli import register_acceptance
 
 BENCH_EPILOG = """\
@@ -18,11 +18,15 @@ outputs in REPORT/: report.json (schema: docs/report-schema.md), report.md, spee
 acceptance_by_category.png, and records.jsonl (every generation, written as measured). Ctrl-C writes what
 was measured so far, marked "partial": true; --resume continues a run that was interrupted or killed.
 
+--prompts FILE uses the whole file unless --split says otherwise; the built-in humaneval set defaults to
+its test split (disjoint from the calib split `edgespec calibrate` uses).
+
 examples:
   edgespec bench --bundle bundles/qwen-coder --prompts humaneval --split test --limit 20 \\
       --strategies ar,tli --draft-length 2,4,6 --max-new-tokens 128 --repeats 3 --report out/bench
   edgespec bench --bundle B --prompts spec_bench.jsonl --category coding,math --strategies ar,tli,rdk-taylor \\
       --draft-length 1,2,4 --ep cuda --draft-ep cpu --report out/cuda
+  edgespec bench --bundle B --prompts my.jsonl --strategies ar,tli,ngram --draft-length 2,4,auto --report out/auto
 """
 
 
@@ -30,11 +34,18 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(t) for t in _csv(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+def _draft_lengths(text: str) -> list[int | str]:
+    """Comma-separated draft lengths: integers and/or `auto` (the runtime's per-round governor)."""
+    out: list[int | str] = []
+    for t in _csv(text):
+        if t.lower() == AUTO:
+            out.append(AUTO)
+            continue
+        try:
+            out.append(int(t))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers and/or auto, got {text!r}") from None
+    return out
 
 
 def _float_list(text: str) -> list[float]:
@@ -57,13 +68,20 @@ def register_bench(subparsers) -> None:
                               epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", type=Path, required=True, help="bundle directory")
     p.add_argument("--prompts", default="humaneval", help="humaneval or FILE.jsonl (Spec-Bench or HumanEval layout)")
-    p.add_argument("--split", default="test", help="calib, test or all (default test: never the calibration prompts)")
+    p.add_argument("--split", help="calib, test or all (default: test for humaneval, never its calibration prompts; all for a "
+                        "FILE.jsonl)")
     p.add_argument("--category", type=_csv, help="comma-separated categories to keep (default all)")
     p.add_argument("--limit", type=int, help="at most this many prompts")
     p.add_argument("--strategies", type=_csv, default=["ar", "tli"],
-                   help="comma-separated (default ar,tli); ar is always measured. NAME:KEY=VALUE[:...] sets options "
-                        "for that row only, e.g. rdk-taylor:rdk_beta=1000,tli:draft_probability=auto")
-    p.add_argument("--draft-length", type=_int_list, default=[1, 2, 4], help="comma-separated γ (default 1,2,4)")
+                   help="comma-separated (default ar,tli); ar is always measured; ngram (prompt lookup) needs no "
+                        "drafter. NAME:KEY=VALUE[:...] sets options for that row only, e.g. "
+                        "rdk-taylor:rdk_beta=1000,tli:draft_probability=auto")
+    p.add_argument("--draft-length", type=_draft_lengths, default=[1, 2, 4],
+                   help="comma-separated γ (default 1,2,4); auto: the runtime chooses γ in 0..--max-draft-length "
+                        "per round (an extra row per strategy)")
+    p.add_argument("--max-draft-length", type=int,
+                   help=f"largest γ auto may choose (default: the largest numeric --draft-length, or "
+                        f"{DEFAULT_MAX_DRAFT_LENGTH})")
     p.add_argument("--strategy-option", action="append", metavar="KEY=VALUE",
                    help="strategy option passed to every decoder, e.g. rdk_beta=2 (repeatable)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -91,6 +109,7 @@ def bench_settings(args) -> BenchSettings:
     return BenchSettings(
         bundle=args.bundle, report=args.report, prompts=args.prompts, split=args.split, categories=args.category,
         limit=args.limit, strategies=args.strategies, draft_lengths=args.draft_length,
+        max_draft_length=args.max_draft_length,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, ep=args.ep, draft_ep=args.draft_ep, threads=args.threads, draft_threads=args.draft_threads,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, options=parse_options(args.strategy_option),
@@ -117,7 +136,7 @@ def register_study(subparsers) -> None:
 # --------------------------------------------------------------------------- demo
 
 def register_demo(subparsers) -> None:
-    _register_demo(subparsers, _csv, _int_list)
+    _register_demo(subparsers, _csv, _draft_lengths)
 
 
 def register(subparsers) -> None:

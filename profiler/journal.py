@@ -4,11 +4,14 @@ Long on-device runs get cut off (a killed app, a dead battery, a session limit).
 measured is lost, and `edgespec bench --resume` continues the same run: it skips every (repeat, prompt,
 strategy, γ) already in the journal and measures the rest in the usual interleaved order, with the same
 per-prompt seeds. The first line is a header whose fingerprint holds every setting that changes what a
-generation measures; resuming with different ones is refused. --limit and --repeats are not in it, so a
-resumed run may also grow (more prompts or repeats of the same configurations).
+generation measures; resuming with different ones is refused. The prompts are fingerprinted by content
+(`prompts_sha256`), not by path: an edited prompt file would put two texts under one prompt id. --limit
+and --repeats are not in it, so a resumed run may also grow (more prompts or repeats of the same
+configurations). A record's configuration is (strategy, draft_length_setting): an int gamma or "auto".
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -18,17 +21,37 @@ from edgespec.profiler.settings import settings_dict
 
 NAME = "records.jsonl"
 FORMAT = "edgespec-bench-records"
-FINGERPRINT_KEYS = ("prompts", "split", "categories", "strategies", "draft_lengths", "max_new_tokens", "temperature",
-                    "top_k", "top_p", "seed", "ep", "draft_ep", "threads", "draft_threads", "chat", "options")
+VERSION = 2                 # 2: records carry draft_length_setting and the per-round lists
+FINGERPRINT_KEYS = ("split", "categories", "strategies", "draft_lengths", "max_draft_length", "max_new_tokens",
+                    "temperature", "top_k", "top_p", "seed", "ep", "draft_ep", "threads", "draft_threads", "chat",
+                    "options")
 
 
-def fingerprint(settings, manifest_sha256: str) -> dict:
+def prompts_sha256(spec: str, path: Path | None, prompts: list) -> str:
+    """The prompts' content hash: sha256 of the file's bytes, or for the built-in set (path None) of the
+    loaded prompts (ids, categories and texts)."""
+    if path is None:
+        from edgespec.calibrate.prompts import prompts_digest
+        return prompts_digest(prompts)
+    try:
+        return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+    except OSError as exc:
+        raise BenchError(f"cannot read prompt file {spec} ({exc.strerror or exc})") from None
+
+
+def fingerprint(settings, manifest_sha256: str, prompts_digest: str) -> dict:
     d = settings_dict(settings)
-    return {"bundle_manifest_sha256": manifest_sha256, **{k: d[k] for k in FINGERPRINT_KEYS}}
+    return {"bundle_manifest_sha256": manifest_sha256, "prompts_sha256": prompts_digest,
+            **{k: d[k] for k in FINGERPRINT_KEYS}}
+
+
+def config_of(rec: dict) -> tuple:
+    """(strategy, draft-length setting) of a record."""
+    return rec["strategy"], rec.get("draft_length_setting", rec["draft_length"])
 
 
 def record_key(rec: dict) -> tuple:
-    return rec["repeat"], rec["prompt_id"], rec["strategy"], rec["draft_length"]
+    return rec["repeat"], rec["prompt_id"], *config_of(rec)
 
 
 def read(out: Path, expected: dict) -> list[dict]:
@@ -44,7 +67,13 @@ def read(out: Path, expected: dict) -> list[dict]:
         header = {}
     if header.get("format") != FORMAT:
         raise BenchError(f"--resume: {path} is not an edgespec bench journal (bad or missing header line)")
+    if header.get("version") != VERSION:
+        raise BenchError(f"--resume: {path} is a version {header.get('version')} journal (an older edgespec); this "
+                         f"one reads version {VERSION}: start a new run in another --report directory")
     have = header.get("fingerprint", {})
+    if have.get("prompts_sha256") != expected.get("prompts_sha256"):
+        raise BenchError(f"--resume: the prompts changed since the run in {out} was journaled (their sha256 "
+                         f"differs): restore them, or start a new run in another --report directory")
     differ = [k for k in expected if json.dumps(have.get(k), sort_keys=True) != json.dumps(expected[k], sort_keys=True)]
     if differ:
         detail = "; ".join(f"{k}: journal {have.get(k)!r}, now {expected[k]!r}" for k in differ)
@@ -76,7 +105,7 @@ class Journal:
                                  "--resume to continue that run, or choose another --report directory")
         tmp = self.path.with_name(NAME + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps({"format": FORMAT, "version": 1, "fingerprint": fp}) + "\n")
+            f.write(json.dumps({"format": FORMAT, "version": VERSION, "fingerprint": fp}) + "\n")
             for rec in records or []:
                 f.write(json.dumps(rec) + "\n")
         tmp.replace(self.path)

@@ -9,17 +9,31 @@ from pathlib import Path
 
 from edgespec.profiler import mbsu as M
 from edgespec.profiler.machine import machine_info, versions
-from edgespec.profiler.settings import settings_dict
+from edgespec.profiler.settings import gamma_label, gamma_order, is_auto, settings_dict
 from edgespec.runtime.manifest import manifest_sha256
 
 FORMAT = "edgespec-bench-report"
 SCHEMA_VERSION = 1
 PLOT_SPEEDUP = "speedup_mbsu.png"
 PLOT_CATEGORY = "acceptance_by_category.png"
-GENERATION_FIELDS = ("repeat", "prompt_id", "category", "strategy", "draft_length", "new_tokens", "prompt_tokens",
-                     "total_ms", "ttft_ms", "prefill_ms", "draft_ms", "verify_ms", "overhead_ms", "target_forwards",
-                     "verify_forwards", "draft_forwards", "drafted", "accepted", "drafter_resyncs", "stop_reason",
-                     "peak_rss_mb", "sampler_ms", "output_sha256")
+GENERATION_FIELDS = ("repeat", "prompt_id", "category", "strategy", "draft_length", "draft_length_setting",
+                     "new_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms", "draft_ms", "verify_ms",
+                     "overhead_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted", "accepted",
+                     "drafter_resyncs", "fallback_ms", "stop_reason", "peak_rss_mb", "sampler_ms", "output_sha256")
+
+
+def setting(run: dict):
+    """A run's draft-length setting: an int gamma (0: ar) or "auto"."""
+    return run.get("draft_length_setting", run["draft_length"])
+
+
+def gamma_text(run: dict) -> str:
+    """γ as tables and plots show it: the integer, or "auto"."""
+    return gamma_label(setting(run))
+
+
+def drafts(run: dict) -> bool:
+    return setting(run) != 0
 
 
 def bundle_summary(bundle) -> dict:
@@ -94,7 +108,7 @@ def table(doc: dict) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in doc["runs"]:
         lines.append("| " + " | ".join([
-            r["strategy"], str(r["draft_length"]), _fmt(r["acceptance_rate"]), _fmt(r["tau"], ".2f"),
+            r["strategy"], gamma_text(r), _fmt(r["acceptance_rate"]), _fmt(r["tau"], ".2f"),
             _fmt(r["tokens_per_s"], ".2f"), _fmt(r["speedup"], ".2f"), _fmt(r["ttft_ms"], ".0f"),
             _fmt(r["tpot_ms"], ".1f"), _fmt(r["c_params"]), _fmt(r["c_bytes"]), _fmt(r["c_time"]),
             _fmt(r["mbsu_params"], ".2f"), _fmt(r["mbsu_bytes"], ".2f"), _fmt(r["mbsu_time"], ".2f"),
@@ -110,7 +124,7 @@ def _breakdown_table(doc: dict) -> str:
     for r in doc["runs"]:
         sp = r["spread"].get("speedup") or [None, None]
         lines.append("| " + " | ".join([
-            r["strategy"], str(r["draft_length"]), _fmt(r["prefill_ms_per_token"], ".1f"),
+            r["strategy"], gamma_text(r), _fmt(r["prefill_ms_per_token"], ".1f"),
             _fmt(r["draft_ms_per_token"], ".1f"), _fmt(r["verify_ms_per_token"], ".1f"),
             _fmt(r["overhead_ms_per_token"], ".2f"), _fmt(r["overhead_share"]),
             _fmt(r.get("sampler_share"), ".4f"), _fmt(r["draft_step_ms"], ".2f"), _fmt(r["target_decode_ms"], ".2f"), f"[{_fmt(sp[0], '.2f')}, {_fmt(sp[1], '.2f')}]",
@@ -121,23 +135,47 @@ def _breakdown_table(doc: dict) -> str:
 
 def _category_table(doc: dict) -> str:
     cats = sorted({c for r in doc["runs"] for c in r["by_category"]})
-    runs = [r for r in doc["runs"] if r["draft_length"]]
+    runs = [r for r in doc["runs"] if drafts(r)]
     if not cats or not runs:
         return ""
     head = "| strategy | γ | " + " | ".join(cats) + " |"
     lines = [head, "|" + "---|" * (len(cats) + 2)]
     for r in runs:
         vals = [_fmt((r["by_category"].get(c) or {}).get("acceptance_rate")) for c in cats]
-        lines.append(f"| {r['strategy']} | {r['draft_length']} | " + " | ".join(vals) + " |")
+        lines.append(f"| {r['strategy']} | {gamma_text(r)} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def _positions(values: list | None) -> str:
+    shown = [_fmt(v, ".2f") for v in (values or [])[:8]]
+    return " ".join(shown) + (" …" if len(values or []) > 8 else "") if shown else "-"
+
+
+def _drafting_table(doc: dict) -> str:
+    """Per drafting row, pooled over its generations: gamma chosen, zero-accept rounds, fallback time and
+    acceptance by draft position (onnxruntime-genai's statistics)."""
+    runs = [r for r in doc["runs"] if drafts(r)]
+    if not runs:
+        return ""
+    head = ("| strategy | γ | mean γ | γ chosen (rounds) | zero-accept share | fallback share "
+            "| acceptance by position 1, 2, … |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in runs:
+        hist = r.get("gamma_histogram") or {}
+        lines.append("| " + " | ".join([
+            r["strategy"], gamma_text(r), _fmt(r.get("mean_gamma"), ".2f"),
+            " ".join(f"{g}:{n}" for g, n in hist.items()) or "-", _fmt(r.get("zero_accept_share")),
+            _fmt(r.get("fallback_share")), _positions(r.get("acceptance_by_position")),
+        ]) + " |")
     return "\n".join(lines)
 
 
 def lossless_line(doc: dict) -> str:
     """Greedy benches double as a lossless check: every strategy's output must equal ar's."""
-    runs = [r for r in doc["runs"] if r["draft_length"]]
+    runs = [r for r in doc["runs"] if drafts(r)]
     if doc["settings"]["temperature"] != 0 or not runs:
         return "Sampling: outputs are not compared with ar (the distribution tests cover sampling)."
-    bad = [f"{r['strategy']} γ={r['draft_length']}: {r['outputs_differing_from_ar']}" for r in runs
+    bad = [f"{r['strategy']} γ={gamma_text(r)}: {r['outputs_differing_from_ar']}" for r in runs
            if r.get("outputs_differing_from_ar")]
     n = sum(r["prompts"] * r["repeats_measured"] for r in runs)
     return ("**LOSSLESS CHECK FAILED**: greedy outputs differing from ar: " + "; ".join(bad) if bad else
@@ -157,9 +195,16 @@ def markdown(doc: dict) -> str:
         f"- machine: {m['cpu']}, {m['cores']} cores; stream read bandwidth {_fmt(m['stream_read_gbs'], '.2f')} GB/s",
         f"- command: `{s.get('command') or '-'}`", "",
         "Medians over repeats. speedup = ar's time per token ÷ this run's, on the same prompts; "
-        "MBSU = τ/(c·γ+1); realisation = speedup ÷ MBSU(c_time); GB/s = weight bytes read per token × tok/s.", "",
+        "MBSU = τ/(c·γ+1) (γ auto: the mean γ chosen; ngram: c = 0); realisation = speedup ÷ MBSU(c_time); "
+        "GB/s = weight bytes read per token × tok/s.", "",
         table(doc), "", lossless_line(doc), "", "## Where the time goes", "", _breakdown_table(doc), "",
     ]
+    drafting = _drafting_table(doc)
+    if drafting:
+        parts += ["## Drafting statistics", "", "Pooled over each row's generations. Acceptance at position j = "
+                  "rounds accepting ≥ j drafts ÷ rounds that drafted ≥ j and accepted ≥ j−1; zero-accept share = "
+                  "drafting rounds that kept no draft; fallback share = time in rounds run with γ = 0 ÷ decode time.",
+                  "", drafting, ""]
     cat = _category_table(doc)
     if cat:
         parts += ["## Acceptance by category", "", cat, ""]
@@ -180,7 +225,7 @@ def plot_report(doc: dict, out: Path) -> list[str]:
         print("edgespec: warning: matplotlib is not installed (pip install 'edgespec[bench]'): no plots",
               file=sys.stderr)
         return []
-    runs = [r for r in doc["runs"] if r["draft_length"]]
+    runs = [r for r in doc["runs"] if drafts(r)]
     if not runs:
         return []
     names = [_plot_speedup(plt, runs, out)]
@@ -193,19 +238,29 @@ def _plot_speedup(plt, runs: list[dict], out: Path) -> str:
     from matplotlib.ticker import MaxNLocator
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    curves = (("mbsu_time", "o-", "c_time"), ("mbsu_bytes", "s--", "c_bytes"), ("mbsu_params", "^:", "c_params"))
     for strategy in dict.fromkeys(r["strategy"] for r in runs):
-        rs = sorted((r for r in runs if r["strategy"] == strategy), key=lambda r: r["draft_length"])
-        g = [r["draft_length"] for r in rs]
-        line, = ax1.plot(g, [r["speedup"] for r in rs], "o-", label=strategy)
-        for key, style, lab in (("mbsu_time", "o-", "c_time"), ("mbsu_bytes", "s--", "c_bytes"),
-                                ("mbsu_params", "^:", "c_params")):
-            ys = [r[key] for r in rs]
+        rs = sorted((r for r in runs if r["strategy"] == strategy), key=lambda r: gamma_order(setting(r)))
+        fixed = [r for r in rs if not is_auto(setting(r))]
+        auto = [r for r in rs if is_auto(setting(r)) and r["draft_length"] is not None]
+        g = [r["draft_length"] for r in fixed]
+        line, = ax1.plot(g, [r["speedup"] for r in fixed], "o-", label=strategy if fixed else "_nolegend_")
+        color = line.get_color()
+        for key, style, lab in curves:
+            ys = [r[key] for r in fixed]
             if any(y is not None for y in ys):
-                ax2.plot(g, [float("nan") if y is None else y for y in ys], style, color=line.get_color(),
+                ax2.plot(g, [float("nan") if y is None else y for y in ys], style, color=color,
                          label=f"{strategy} ({lab})")
+        for r in auto:            # γ auto: one star at the mean γ chosen
+            ax1.plot([r["draft_length"]], [r["speedup"]], "*", ms=12, color=color, label=f"{strategy} γ=auto")
+            ax1.annotate("auto", (r["draft_length"], r["speedup"] or 0.0), textcoords="offset points", xytext=(5, 5),
+                         fontsize=7)
+            if r["mbsu_time"] is not None:
+                ax2.plot([r["draft_length"]], [r["mbsu_time"]], "*", ms=12, color=color,
+                         label=f"{strategy} γ=auto (c_time)")
     for ax, title in ((ax1, "measured speedup over ar"), (ax2, "MBSU = τ/(cγ+1)")):
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xlabel("draft length γ")
+        ax.set_xlabel("draft length γ (auto: mean γ chosen)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -223,7 +278,7 @@ def _plot_categories(plt, runs: list[dict], out: Path) -> str:
     for i, r in enumerate(runs):
         vals = [(r["by_category"].get(c) or {}).get("acceptance_rate") for c in cats]
         xs = [j + i * width for j in range(len(cats))]
-        ax.bar(xs, [0.0 if v is None else v for v in vals], width, label=f"{r['strategy']} γ={r['draft_length']}")
+        ax.bar(xs, [0.0 if v is None else v for v in vals], width, label=f"{r['strategy']} γ={gamma_text(r)}")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=20)
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1)

@@ -1,21 +1,52 @@
 """The settings of one `edgespec bench` run (the CLI builds them from its flags), and their JSON form,
-which the report records and the journal fingerprints."""
+which the report records and the journal fingerprints.
+
+Defaults that depend on other settings are resolved when the settings are made (`__post_init__`):
+- `split` None: "test" for the built-in humaneval set (never the prompts `edgespec calibrate` uses by
+  default), "all" for a prompt file the user names (their file, all of it);
+- `max_draft_length` None: the largest numeric draft length, or 8 when there is none (draft_length "auto"
+  lets the governor choose gamma in 0..max_draft_length per round).
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from edgespec.calibrate.prompts import HUMANEVAL
+
+AUTO = "auto"                     # the draft-length entry that runs a strategy with draft_length="auto"
+DEFAULT_MAX_DRAFT_LENGTH = 8
+
+
+def is_auto(gamma) -> bool:
+    return isinstance(gamma, str) and gamma == AUTO
+
+
+def numeric_lengths(values) -> list[int]:
+    return [g for g in values or [] if isinstance(g, int) and not isinstance(g, bool)]
+
+
+def gamma_label(setting) -> str:
+    """How a draft-length setting is shown in tables, plots and messages: "auto" or the integer."""
+    return AUTO if is_auto(setting) else str(setting)
+
+
+def gamma_order(setting) -> tuple:
+    """Sort key for draft-length settings: numbers ascending, then "auto"."""
+    return (1, 0) if is_auto(setting) else (0, setting)
 
 
 @dataclass
 class BenchSettings:
     bundle: Path
     report: Path
-    prompts: str = "humaneval"
-    split: str = "test"
+    prompts: str = HUMANEVAL
+    split: str | None = None                 # None: "test" for humaneval, "all" for a file (see above)
     categories: list[str] | None = None
     limit: int | None = None
     strategies: list[str] = field(default_factory=lambda: ["ar", "tli"])
-    draft_lengths: list[int] = field(default_factory=lambda: [1, 2, 4])
+    draft_lengths: list[int | str] = field(default_factory=lambda: [1, 2, 4])    # ints >= 1 and/or "auto"
+    max_draft_length: int | None = None      # None: max of the numeric draft lengths, or 8
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_k: int | None = None
@@ -35,12 +66,19 @@ class BenchSettings:
     resume: bool = False
     command: str = ""
 
-    def configs(self) -> list[tuple[str, int]]:
-        """(strategy, draft_length) in measuring order: ar first, then each strategy x draft length."""
-        out = [("ar", 0)]
+    def __post_init__(self):
+        if self.split is None:
+            self.split = "test" if self.prompts == HUMANEVAL else "all"
+        if self.max_draft_length is None:
+            self.max_draft_length = max(numeric_lengths(self.draft_lengths), default=DEFAULT_MAX_DRAFT_LENGTH)
+
+    def configs(self) -> list[tuple[str, int | str]]:
+        """(strategy, draft-length setting) in measuring order: ar first, then each strategy x draft length
+        (an int gamma, or "auto")."""
+        out: list[tuple[str, int | str]] = [("ar", 0)]
         for s in self.strategies:
             if s != "ar":
-                out.extend((s, int(g)) for g in self.draft_lengths)
+                out.extend((s, g if is_auto(g) else int(g)) for g in self.draft_lengths)
         return out
 
 

@@ -1,15 +1,27 @@
 """`Bundle.load(dir)`: a validated, loaded edgespec bundle (see docs/architecture.md). Torch-free.
 
-verify="full" hashes every file against the manifest; "fast" skips hashing files larger than
-64 MB (their sizes are still checked); "none" checks only that the files exist. Any problem raises
-BundleError with a one-line message. Nothing here unpickles: .npy files load with
-allow_pickle=False, and the optional affinity matrix is plain CSR arrays in an .npz.
+Checks, by `verify` mode (`Bundle.load` defaults to "full"; the CLI's `--verify` defaults to "fast"):
+- "full": every file listed in the manifest's `files` exists, has the listed size and sha256.
+- "fast": the same, except that files larger than FAST_HASH_LIMIT (64 MB: the graphs' weights) are
+  only size-checked; every smaller file (graphs without their data, tokenizers and configs, the
+  vocabulary maps, vocab.json, priors) is still hashed.
+- "none": the listed files exist (nothing is hashed or size-checked).
+In every mode: the manifest's values have the types the runtime needs (runtime/manifest.py); every
+path the manifest names (`target.onnx`, `drafter.onnx`, `vocab.vocab_file`, `vocab.prior`,
+`vocab.affinity`, `vocab.randomised`, and the fixed tokenizer / vocabulary-map paths) must be a
+relative path listed in `files` that resolves, symlinks followed, to a file inside the bundle; no
+symlink in the bundle may point outside it; and each side's tokenizer must have the `vocab_hash`
+the manifest records (the hash export computed). Any problem raises BundleError with a one-line
+message. Nothing here unpickles: .npy files load with allow_pickle=False, and the optional affinity
+matrix is plain CSR arrays in an .npz.
 """
 from __future__ import annotations
 
 import json
+import os
+import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -17,7 +29,8 @@ from tokenizers import Tokenizer
 
 from edgespec.errors import BundleError
 from edgespec.hashing import sha256_file
-from edgespec.runtime.manifest import SIDES, check_io, check_required_files, read_manifest
+from edgespec.runtime.manifest import SIDES, check_io, check_required_files, read_manifest, shown
+from edgespec.runtime.vocab import vocab_hash
 
 FAST_HASH_LIMIT = 64 * 1024**2
 VERIFY_MODES = ("full", "fast", "none")
@@ -138,116 +151,222 @@ class Bundle:
             raise BundleError(f"bundle {root} does not exist or is not a directory")
         manifest = read_manifest(root)
         verify_files(root, manifest, verify)
-        sides = {}
-        for side in SIDES:
-            sides[side] = _load_side(root, manifest, side)
-        vdir = root / "vocab"
-        index_map = _load_npy(root, vdir / "index_map.npy", np.int64)
-        draft_ids = _load_npy(root, vdir / "draft_ids.npy", np.int64)
-        d2t = _load_npy(root, vdir / "drafter_to_target.npy", np.int64)
-        t2d = _load_npy(root, vdir / "target_to_drafter.npy", np.int64)
-        k = int(manifest["vocab"]["kept"])
+        sides = {side: _load_side(root, manifest, side) for side in SIDES}
+        same = sides["target"].info["tokenizer"]["vocab_hash"] == sides["drafter"].info["tokenizer"]["vocab_hash"]
+        if manifest["same_tokenizer"] != same:
+            raise BundleError(f"bundle {root}: manifest says same_tokenizer={manifest['same_tokenizer']}, but the "
+                              f"tokenizers' vocab_hash values {'agree' if same else 'differ'}")
+
+        def npy(name: str) -> np.ndarray:
+            return _load_npy(root, bundle_file(root, manifest, f"vocab/{name}.npy", f"vocab {name}"), np.int64)
+
+        index_map, draft_ids = npy("index_map"), npy("draft_ids")
+        d2t, t2d = npy("drafter_to_target"), npy("target_to_drafter")
+        k = manifest["vocab"]["kept"]
         if index_map.shape != (k,) or draft_ids.shape != (k,):
             raise BundleError(f"bundle {root}: index_map/draft_ids have shapes {index_map.shape}/{draft_ids.shape}, "
                               f"manifest says K={k}")
-        v_t, v_d = int(manifest["target"]["vocab_size"]), int(manifest["drafter"]["vocab_size"])
+        v_t, v_d = manifest["target"]["vocab_size"], manifest["drafter"]["vocab_size"]
         if d2t.shape != (v_d,) or t2d.shape != (v_t,):
             raise BundleError(f"bundle {root}: vocabulary maps have shapes {d2t.shape}/{t2d.shape}, expected ({v_d},)/({v_t},)")
         if draft_ids.size and (draft_ids.min() < 0 or draft_ids.max() >= v_d):
             raise BundleError(f"bundle {root}: draft_ids out of the drafter vocabulary")
-        if index_map.size and index_map.max() >= v_t:
+        if index_map.size and (index_map.min() < -1 or index_map.max() >= v_t):
             raise BundleError(f"bundle {root}: index_map points outside the target vocabulary")
+        if (d2t.size and (d2t.min() < -1 or d2t.max() >= v_t)) or (t2d.size and (t2d.min() < -1 or t2d.max() >= v_d)):
+            raise BundleError(f"bundle {root}: a vocabulary map points outside the other vocabulary")
+        v = manifest["vocab"]
         vocab_doc = {}
-        if (vdir / "vocab.json").is_file():
-            vocab_doc = _load_json(root, vdir / "vocab.json")
+        vpath = optional_file(root, manifest, v.get("vocab_file") or "vocab/vocab.json", "vocab.vocab_file",
+                              named=v.get("vocab_file") is not None)
+        if vpath is not None:
+            vocab_doc = _load_json(root, vpath)
+            if not isinstance(vocab_doc, dict):
+                raise BundleError(f"bundle {root}: {vpath.relative_to(root)} is not a JSON object")
         b = cls(path=root, manifest=manifest, target=sides["target"], drafter=sides["drafter"],
                 index_map=index_map, draft_ids=draft_ids, drafter_to_target=d2t, target_to_drafter=t2d,
                 vocab=vocab_doc)
-        v = manifest["vocab"]
         if v.get("prior"):
-            b.prior = _load_npy(root, root / v["prior"], np.float32)
+            b.prior = _load_npy(root, bundle_file(root, manifest, v["prior"], "vocab.prior"), np.float32)
             if b.prior.shape != (v_t,):
                 raise BundleError(f"bundle {root}: prior has shape {b.prior.shape}, expected ({v_t},)")
+            if not (np.isfinite(b.prior).all() and (b.prior >= 0).all() and b.prior.sum(dtype=np.float64) > 0):
+                raise BundleError(f"bundle {root}: prior has negative, non-finite or all-zero values")
         if v.get("affinity"):
             info = v["affinity"] if isinstance(v["affinity"], dict) else {"path": v["affinity"]}
-            b.affinity = _load_csr(root, root / info["path"])
+            b.affinity = _load_csr(root, bundle_file(root, manifest, info["path"], "vocab.affinity.path"))
             b.affinity_info = info
         if v.get("randomised"):
             rnd = v["randomised"]
             if isinstance(rnd, str):
-                rnd = _load_json(root, root / rnd)
+                rnd = _load_json(root, bundle_file(root, manifest, rnd, "vocab.randomised"))
+            a = rnd.get("a_star") if isinstance(rnd, dict) else None
+            if not isinstance(rnd, dict) or not (a is None or (isinstance(a, (int, float)) and not isinstance(a, bool)
+                                                               and 0.0 < a <= 1.0)):
+                raise BundleError(f"bundle {root}: vocab.randomised must be an object whose a_star is in (0, 1] "
+                                  f"or null, got {shown(rnd)}")
             b.randomised = rnd
         return b
 
 
+def _escapes(rel: str) -> bool:
+    """An absolute path, a Windows-style one, or one with a `..` component."""
+    p = PurePosixPath(rel)
+    return p.is_absolute() or Path(rel).is_absolute() or "\\" in rel or ".." in p.parts
+
+
+def _resolve(root: Path, p: Path) -> Path:
+    """p.resolve(), a symlink loop (RuntimeError before Python 3.13, OSError after) being a BundleError."""
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError) as exc:
+        raise BundleError(f"bundle {root}: {shown(str(p))} cannot be resolved ({' '.join(str(exc).split())[:100]})") \
+            from exc
+
+
+def _inside(root: Path, rel: str) -> Path:
+    """ROOT/REL, checked to resolve (symlinks followed) to a path inside the bundle."""
+    p = root / rel
+    real, base = _resolve(root, p), _resolve(root, root)
+    if not real.is_relative_to(base):
+        raise BundleError(f"bundle {root}: {shown(rel)} resolves outside the bundle (to {shown(str(real))})")
+    return p
+
+
+def bundle_file(root: Path, manifest: dict, rel, what: str) -> Path:
+    """ROOT/REL for a path the manifest names (`what` says where): it must be relative, listed in the
+    manifest's `files` (so verify_files checked it) and inside the bundle; BundleError otherwise."""
+    if not isinstance(rel, str) or not rel or not rel.isprintable():
+        raise BundleError(f"bundle {root}: manifest {what} must be a relative path, got {shown(rel)}")
+    if _escapes(rel):
+        raise BundleError(f"bundle {root}: manifest {what} {shown(rel)} points outside the bundle")
+    if rel not in manifest["files"]:
+        raise BundleError(f"bundle {root}: manifest {what} {shown(rel)} is not listed in the manifest's files "
+                          "(it was never checked)")
+    return _inside(root, rel)
+
+
+def optional_file(root: Path, manifest: dict, rel: str, what: str, named: bool = False) -> Path | None:
+    """Like bundle_file for a file the bundle may lack: None if it is neither listed nor present (and
+    the manifest does not name it explicitly); a present file must be listed."""
+    if not named and rel not in manifest["files"] and not os.path.lexists(root / rel):
+        return None
+    return bundle_file(root, manifest, rel, what)
+
+
 def verify_files(root: Path, manifest: dict, verify: str = "full") -> None:
-    """Every listed file exists; unless verify="none", its size matches and (in "fast" mode only up to
-    FAST_HASH_LIMIT bytes) so does its sha256."""
+    """Every listed file is inside the bundle and exists; unless verify="none", its size matches and
+    (in "fast" mode only up to FAST_HASH_LIMIT bytes) so does its sha256. No symlink in the bundle
+    points outside it."""
     check_required_files(root, manifest)
-    files = manifest["files"]
-    for rel, meta in files.items():
-        p = root / rel
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
-            raise BundleError(f"bundle {root}: bad file path in manifest: {rel}")
+    _check_symlinks(root)
+    for rel, meta in manifest["files"].items():
+        if not rel.isprintable() or _escapes(rel):
+            raise BundleError(f"bundle {root}: bad file path in manifest: {shown(rel)}")
+        p = _inside(root, rel)
         if not p.is_file():
             raise BundleError(f"bundle {root}: missing file {rel}")
         if verify == "none":
             continue
         size = p.stat().st_size
-        if size != int(meta["bytes"]):
+        if size != meta["bytes"]:
             raise BundleError(f"bundle {root}: {rel} is corrupt (size {size}, manifest says {meta['bytes']})")
         if verify == "fast" and size > FAST_HASH_LIMIT:
             continue
-        if sha256_file(p) != meta["sha256"]:
+        try:
+            digest = sha256_file(p)
+        except OSError as exc:
+            raise BundleError(f"bundle {root}: {rel} cannot be read ({exc.strerror or exc})") from exc
+        if digest != meta["sha256"]:
             raise BundleError(f"bundle {root}: {rel} is corrupt (sha256 mismatch)")
+
+
+def _check_symlinks(root: Path) -> None:
+    """No symlink anywhere in the bundle points outside it (a listed file or not)."""
+    base = _resolve(root, root)
+    for dirpath, dirnames, filenames in os.walk(root):        # does not descend into symlinked directories
+        for name in (*dirnames, *filenames):
+            p = Path(dirpath) / name
+            if p.is_symlink() and not (real := _resolve(root, p)).is_relative_to(base):
+                raise BundleError(f"bundle {root}: {shown(p.relative_to(root).as_posix())} is a symlink to "
+                                  f"{shown(str(real))}, outside the bundle")
 
 
 def _load_side(root: Path, manifest: dict, side: str) -> ModelFiles:
     info = manifest[side]
     d = root / side
-    onnx_path = root / info.get("onnx", f"{side}/model.onnx")
-    if not onnx_path.is_file():
-        raise BundleError(f"bundle {root}: missing {side} graph {onnx_path.relative_to(root)}")
-    io = info.get("io") or {}
+    onnx_path = bundle_file(root, manifest, info.get("onnx") or f"{side}/model.onnx", f"{side}.onnx")
+    io = info["io"]
     check_io(root, side, io)
+    tok_path = bundle_file(root, manifest, f"{side}/tokenizer.json", f"{side} tokenizer")
     try:
-        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        tok = Tokenizer.from_file(str(tok_path))
     except Exception as exc:  # tokenizers raises plain Exception on a bad file
-        raise BundleError(f"bundle {root}: {side}/tokenizer.json cannot be loaded ({str(exc)[:120]})") from exc
+        raise BundleError(f"bundle {root}: {side}/tokenizer.json cannot be loaded "
+                          f"({' '.join(str(exc).split())[:120]})") from exc
+    want, have = info["tokenizer"]["vocab_hash"], vocab_hash(tok)
+    if have != want:
+        raise BundleError(f"bundle {root}: {side}/tokenizer.json is not the {side} tokenizer this bundle was exported "
+                          f"with (vocab_hash {have[:12]}…, manifest says {want[:12]}…)")
     tpl = None
-    if (d / "chat_template.jinja").is_file():
-        tpl = (d / "chat_template.jinja").read_text(encoding="utf-8")
+    tpl_path = optional_file(root, manifest, f"{side}/chat_template.jinja", f"{side} chat template")
+    if tpl_path is not None:
+        try:
+            tpl = tpl_path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"bundle {root}: {side}/chat_template.jinja is unreadable ({exc})") from exc
     return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer=tok, chat_template=tpl, io=io)
 
 
+def _why(exc: BaseException) -> str:
+    """An exception's message on one line, at most 160 characters."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+
+
 def _load_npy(root: Path, path: Path, dtype) -> np.ndarray:
+    rel = path.relative_to(root)
     if not path.is_file():
-        raise BundleError(f"bundle {root}: missing file {path.relative_to(root)}")
+        raise BundleError(f"bundle {root}: missing file {rel}")
     try:
         arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"bundle {root}: {path.relative_to(root)} is corrupt ({exc})") from exc
-    if arr.dtype != np.dtype(dtype):
-        raise BundleError(f"bundle {root}: {path.relative_to(root)} has dtype {arr.dtype}, expected {np.dtype(dtype)}")
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise BundleError(f"bundle {root}: {rel} is corrupt ({_why(exc)})") from exc
+    if not isinstance(arr, np.ndarray):
+        arr.close()
+        raise BundleError(f"bundle {root}: {rel} is not a .npy array")
+    if arr.dtype != np.dtype(dtype) or arr.ndim != 1:
+        raise BundleError(f"bundle {root}: {rel} is a {arr.dtype} array of shape {arr.shape}, expected a 1-D "
+                          f"{np.dtype(dtype)} array")
     return arr
 
 
-def _load_json(root: Path, path: Path) -> dict:
+def _load_json(root: Path, path: Path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise BundleError(f"bundle {root}: {path.relative_to(root)} is unreadable ({exc})") from exc
+        raise BundleError(f"bundle {root}: {path.relative_to(root)} is unreadable ({_why(exc)})") from exc
 
 
 def _load_csr(root: Path, path: Path) -> CSR:
+    rel = path.relative_to(root)
     if not path.is_file():
-        raise BundleError(f"bundle {root}: missing file {path.relative_to(root)}")
+        raise BundleError(f"bundle {root}: missing file {rel}")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise ValueError("not an .npz archive")
+        with z:
             data, indices, indptr, shape = z["data"], z["indices"], z["indptr"], z["shape"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise BundleError(f"bundle {root}: {path.relative_to(root)} is not a CSR .npz ({exc})") from exc
-    shape = (int(shape[0]), int(shape[1]))
-    if indptr.shape != (shape[0] + 1,) or indices.shape != data.shape:
-        raise BundleError(f"bundle {root}: {path.relative_to(root)} has inconsistent CSR arrays")
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise BundleError(f"bundle {root}: {rel} is not a CSR .npz ({_why(exc)})") from exc
+    ok = (shape.shape == (2,) and shape.dtype.kind in "iu" and (shape >= 0).all() and data.ndim == 1
+          and indices.ndim == 1 and indices.dtype.kind in "iu" and indptr.dtype.kind in "iu" and data.dtype.kind == "f")
+    if ok:
+        shape = (int(shape[0]), int(shape[1]))
+        ok = (indptr.shape == (shape[0] + 1,) and indices.shape == data.shape and int(indptr[0]) == 0
+              and int(indptr[-1]) == data.size and bool((np.diff(indptr) >= 0).all())
+              and (not indices.size or (int(indices.min()) >= 0 and int(indices.max()) < shape[1]))
+              and bool(np.isfinite(data).all()))
+    if not ok:
+        raise BundleError(f"bundle {root}: {rel} has inconsistent CSR arrays")
     return CSR(data=data, indices=indices, indptr=indptr.astype(np.int64, copy=False), shape=shape)

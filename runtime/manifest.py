@@ -113,16 +113,87 @@ def read_manifest(root: Path) -> dict:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BundleError(f"bundle {root}: {MANIFEST} is unreadable or corrupt ({exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise BundleError(f"{root} is not an edgespec bundle (manifest format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
+    if not isinstance(manifest, dict):
+        raise BundleError(f"bundle {root}: {MANIFEST} is not a JSON object (it is a {type(manifest).__name__})")
+    if manifest.get("format") != FORMAT:
+        raise BundleError(f"{root} is not an edgespec bundle (manifest format {shown(manifest.get('format'))})")
     ver = manifest.get("format_version")
-    if ver != FORMAT_VERSION:
-        raise BundleError(f"bundle {root} has format_version {ver!r}; this edgespec reads version {FORMAT_VERSION} "
+    if ver != FORMAT_VERSION or isinstance(ver, bool):
+        raise BundleError(f"bundle {root} has format_version {shown(ver)}; this edgespec reads version {FORMAT_VERSION} "
                           "(re-export it with this version)")
     for key in REQUIRED_SECTIONS:
         if not isinstance(manifest.get(key), dict):
             raise BundleError(f"bundle {root}: manifest lacks {key!r}")
+    check_schema(root, manifest)
     return manifest
+
+
+def _is_int(v, lo: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _is_path(v) -> bool:
+    return isinstance(v, str) and bool(v) and v.isprintable()
+
+
+def shown(value) -> str:
+    """repr(value), one line, at most 60 characters."""
+    r = repr(value)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _expect(root: Path, where: str, value, ok: bool, want: str) -> None:
+    if not ok:
+        raise BundleError(f"bundle {root}: manifest {where} must be {want}, got {shown(value)}")
+
+
+_SIDE_SCHEMA = (   # (key, test, description); a missing optional key reads as None
+    ("onnx", lambda v: v is None or _is_path(v), "a relative path"),
+    ("vocab_size", lambda v: _is_int(v, 1), "an integer >= 1"),
+    ("num_layers", lambda v: v is None or _is_int(v, 1), "an integer >= 1"),
+    ("max_position", lambda v: v is None or _is_int(v, 1), "an integer >= 1"),
+    ("tokenizer", lambda v: isinstance(v, dict), "an object"),
+    ("io", lambda v: isinstance(v, dict) and all(isinstance(v.get(k), list) and all(isinstance(n, str) for n in v[k])
+                                                 for k in ("inputs", "outputs")),
+     "an object with lists of names 'inputs' and 'outputs'"),
+)
+_TOKENIZER_SCHEMA = (
+    ("bos_id", lambda v: v is None or _is_int(v), "a token id or null"),
+    ("pad_id", lambda v: v is None or _is_int(v), "a token id or null"),
+    ("eos_ids", lambda v: v is None or (isinstance(v, list) and all(_is_int(i) for i in v)), "a list of token ids"),
+    ("add_bos", lambda v: v is None or isinstance(v, bool), "true or false"),
+    ("vocab_hash", lambda v: isinstance(v, str) and len(v) == 64, "a sha256 hex digest"),
+)
+_PRIOR_SCHEMA = {
+    "prior": (lambda v: v is None or _is_path(v), "a relative path or null"),
+    "affinity": (lambda v: v is None or _is_path(v) or (isinstance(v, dict) and _is_path(v.get("path"))),
+                 "a relative path, an object with a 'path', or null"),
+    "randomised": (lambda v: v is None or _is_path(v) or isinstance(v, dict), "a relative path, an object or null"),
+}
+
+
+def check_schema(root: Path, manifest: dict) -> None:
+    """The manifest values the runtime reads have the types and ranges it needs (one-line BundleError)."""
+    _expect(root, "same_tokenizer", manifest.get("same_tokenizer"), isinstance(manifest.get("same_tokenizer"), bool),
+            "true or false")
+    for side in SIDES:
+        info = manifest[side]
+        for key, ok, want in _SIDE_SCHEMA:
+            _expect(root, f"{side}.{key}", info.get(key), ok(info.get(key)), want)
+        for key, ok, want in _TOKENIZER_SCHEMA:
+            value = info["tokenizer"].get(key)
+            _expect(root, f"{side}.tokenizer.{key}", value, ok(value), want)
+    vocab = manifest["vocab"]
+    _expect(root, "vocab.kept", vocab.get("kept"), _is_int(vocab.get("kept"), 1), "an integer >= 1")
+    _expect(root, "vocab.vocab_file", vocab.get("vocab_file"), vocab.get("vocab_file") is None
+            or _is_path(vocab.get("vocab_file")), "a relative path")
+    for key, (ok, want) in _PRIOR_SCHEMA.items():
+        _expect(root, f"vocab.{key}", vocab.get(key), ok(vocab.get(key)), want)
+    for rel, meta in manifest["files"].items():
+        _expect(root, "files key", rel, _is_path(rel), "a relative path")
+        _expect(root, f"files[{shown(rel)}]", meta, isinstance(meta, dict) and _is_int(meta.get("bytes"))
+                and isinstance(meta.get("sha256"), str) and len(meta["sha256"]) == 64,
+                "an object with 'bytes' (an integer >= 0) and 'sha256' (a hex digest)")
 
 
 def check_required_files(root: Path, manifest: dict) -> None:

@@ -16,17 +16,21 @@ while a run lasts and stop spinning when it returns (`session.force_spinning_sto
 (spinning that goes on after the run) lets the idle session's threads steal the cores from the other
 session of the pair (Qwen-1.5B int4 + 0.5B, 2 threads: `tli` 11.9 tok/s); spinning off costs a
 thread wake-up per node (20.7 tok/s); spinning with a forced stop gave 24.5 tok/s in the same setting.
-An explicit `threads=n` uses n threads.
+An explicit `threads=n` uses n threads: a whole number from 1 to MAX_THREADS (`check_threads`; anything
+else, 2.7, 0, "2", True, is a one-line EPError).
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import numbers
 import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from edgespec.errors import EPError
+from edgespec.errors import BundleError, EPError
 
 EP_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -39,6 +43,7 @@ EP_ALIASES = {
     "rocm": "ROCMExecutionProvider",
 }
 CPU = "CPUExecutionProvider"
+MAX_THREADS = 1024
 # ORT log severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal.
 QUIET = 3          # default: hide ORT's warnings (e.g. "some nodes were not assigned to the preferred EP")
 SILENT = 4         # while creating a non-CPU session: hides the "Failed to load libonnxruntime_providers_cuda"
@@ -87,13 +92,24 @@ def default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
-def session_options(threads: int | None = None):
+def check_threads(threads, name: str = "threads") -> int | None:
+    """`threads` as an int (None stays None: the default policy); EPError unless it is a whole number
+    from 1 to MAX_THREADS (floats, strings and bools are refused, not rounded). `name` is the argument's
+    name in the message (the decoder's `draft_threads`, say)."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or not 1 <= threads <= MAX_THREADS:
+        shown = repr(threads) if len(repr(threads)) <= 40 else repr(threads)[:37] + "..."
+        raise EPError(f"{name} must be a whole number from 1 to {MAX_THREADS} (or None for the default), got {shown}")
+    return int(threads)
+
+
+def session_options(threads: int | None = None, name: str = "threads"):
     """SessionOptions with our thread policy: n intra-op threads that spin only while a run lasts
     (`session.force_spinning_stop`), one inter-op thread."""
     ort = _ort()
-    n = default_threads() if threads is None else int(threads)
-    if n < 1:
-        raise EPError(f"threads must be >= 1, got {threads}")
+    n = check_threads(threads, name)
+    n = default_threads() if n is None else n
     so = ort.SessionOptions()
     so.intra_op_num_threads = n
     so.inter_op_num_threads = 1
@@ -126,14 +142,23 @@ def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu
     providers = resolve_providers(ep)
     names = [n for n, _ in providers]
     only_cpu = all(n == CPU for n in names)
-    so = session_options(threads)
+    so = session_options(threads, "threads" if role in ("model", "target") else f"{role} threads")
+    available = list(ort.get_available_providers())
+    if names[0] not in available and not allow_fallback:     # refuse before ORT warns and prints about it
+        raise EPError(f"{role}: execution provider {names[0]} is not in this onnxruntime build (it offers "
+                      f"{', '.join(available)}); install the onnxruntime package built for it, or pass "
+                      "allow_fallback=True to run anyway")
+    run_with = [(n, o) for n, o in providers if n in available] or [(CPU, {})]
     ort.set_default_logger_severity(QUIET if only_cpu else SILENT)
     try:
-        sess = ort.InferenceSession(str(model_path), sess_options=so, providers=[(n, o) for n, o in providers])
+        # ORT *prints* (stdout) "EP Error ... Falling back" when a listed EP fails to load: we say it ourselves.
+        with contextlib.redirect_stdout(io.StringIO()) if not only_cpu else contextlib.nullcontext():
+            sess = ort.InferenceSession(str(model_path), sess_options=so, providers=run_with)
     except Exception as exc:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         if "provider" in str(exc).lower() or not only_cpu:
-            raise EPError(f"{role}: could not create a session with {names}: {str(exc).splitlines()[0][:200]}") from exc
-        raise
+            raise EPError(f"{role}: could not create a session with {names}: {first}") from exc
+        raise BundleError(f"{role}: ONNX Runtime cannot load {model_path}: {first}") from exc
     finally:
         ort.set_default_logger_severity(QUIET)
     active = list(sess.get_providers())

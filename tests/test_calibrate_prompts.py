@@ -72,3 +72,16 @@ def test_bad_split_and_missing_file(tmp_path):
         split_prompts([], "train")
     with pytest.raises(CalibrationError, match="does not exist"):
         load_prompts(str(tmp_path / "none.jsonl"), "test")
+
+
+def test_a_split_can_leave_nothing_and_says_why(tmp_path):
+    """One prompt per category: round(0.4) = 0, so the test split is empty; the message says which split."""
+    from edgespec.calibrate.prompts import empty_split_message
+
+    path = _write(tmp_path / "two.jsonl", [{"id": "a", "category": "x", "text": "t"},
+                                           {"id": "b", "category": "y", "text": "u"}])
+    every = load_prompts(str(path), "all")
+    assert load_prompts(str(path), "test") == [] and len(load_prompts(str(path), "calib")) == 2
+    msg = empty_split_message(str(path), every, "test", "--split")
+    assert msg.startswith("--split test leaves none of the 2 prompt(s)") and "2 categories" in msg
+    assert msg.endswith("use --split all") and "\n" not in msg

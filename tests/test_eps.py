@@ -98,3 +98,58 @@ def test_thread_options():
     assert session_options(1).intra_op_num_threads == 1
     with pytest.raises(EPError):
         session_options(0)
+
+
+@pytest.mark.parametrize("bad", [2.7, 0, -1, "2", True, 10**12, float("nan"), [2]])
+def test_bad_threads_are_one_line_errors(tiny_self_bundle, bad):
+    """threads must be a whole number from 1 to MAX_THREADS: floats are refused, not truncated."""
+    with pytest.raises(EPError, match="threads must be a whole number") as exc:
+        session_options(bad)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(EPError, match="drafter threads must be a whole number"):
+        create_session(tiny_self_bundle / "drafter" / "model.onnx", "cpu", threads=bad, role="drafter")
+
+
+@pytest.mark.parametrize("kw", [{"threads": 2.7}, {"threads": 0}, {"threads": "2"}, {"draft_threads": -1},
+                                {"draft_threads": 1.5}])
+def test_bad_threads_in_the_decoder(tiny_self_bundle, kw):
+    with pytest.raises(EPError, match="threads must be a whole number") as exc:
+        SpeculativeDecoder(tiny_self_bundle, strategy="tli", **{"threads": 1, **kw})
+    assert "\n" not in str(exc.value)
+
+
+def test_good_threads():
+    import numpy as np
+
+    assert session_options(np.int64(3)).intra_op_num_threads == 3
+    assert session_options(None).intra_op_num_threads >= 1
+
+
+def test_ep_missing_from_the_build_is_a_one_line_error(tiny_self_bundle, capfd):
+    """An EP this onnxruntime build does not have: refused before ORT warns or prints about it."""
+    import onnxruntime as ort
+
+    missing = next((n for n in ("QNNExecutionProvider", "CoreMLExecutionProvider", "DmlExecutionProvider")
+                    if n not in ort.get_available_providers()), None)
+    if missing is None:
+        pytest.skip("every candidate EP is in this build")
+    onnx = tiny_self_bundle / "target" / "model.onnx"
+    capfd.readouterr()
+    with pytest.raises(EPError, match=f"{missing} is not in this onnxruntime build.*allow_fallback") as exc:
+        create_session(onnx, missing, threads=1, role="target")
+    assert "\n" not in str(exc.value)
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        _, info = create_session(onnx, [missing, "cpu"], threads=1, allow_fallback=True)
+    assert info.active == ["CPUExecutionProvider"] and info.fallback
+    cap = capfd.readouterr()
+    assert "EP Error" not in cap.out and "not in available provider names" not in cap.err
+
+
+def test_unloadable_graph_is_a_bundle_error(tmp_path):
+    from edgespec.errors import BundleError
+
+    bad = tmp_path / "model.onnx"
+    bad.write_bytes(b"not a graph")
+    with pytest.raises(BundleError, match="ONNX Runtime cannot load") as exc:
+        create_session(bad, "cpu", threads=1)
+    assert "\n" not in str(exc.value)

@@ -2,6 +2,7 @@
 No timing assertions: only that reported numbers follow from the reported parts and the raw records."""
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from edgespec.cli import main
 from edgespec.errors import EdgespecError, EPError, GenerationError
 from edgespec.profiler.bench import decoder_family, run_bench
+from edgespec.profiler.cli import _draft_lengths, bench_settings, register_bench
 from edgespec.profiler.errors import BenchError
 from edgespec.profiler.settings import BenchSettings
 from edgespec.runtime import Bundle
@@ -246,6 +248,238 @@ def test_bad_settings(tiny_self_bundle, prompts_file, tmp_path):
                     (dict(temperature=-1.0), "temperature"), (dict(strategies=["tli", "tli"]), "twice")):
         with pytest.raises(BenchError, match=msg):
             run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", **kw))
+
+
+# --------------------------------------------------------------------------- draft_length auto, ngram, statistics
+
+def _journal(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()[1:]]
+
+
+def _expected_drafting(recs: list[dict]) -> dict:
+    """The report's pooled drafting statistics, recomputed from the journal's per-round lists."""
+    acc = [a for r in recs for a in r["accepted_per_step"]]
+    dra = [d for r in recs for d in r["drafted_per_step"]]
+    gam = [g for r in recs for g in r["gamma_per_step"]]
+    by_pos = []
+    for j in range(1, max(dra, default=0) + 1):
+        reached = [a >= j for d, a in zip(dra, acc) if d >= j and a >= j - 1]
+        by_pos.append(sum(reached) / len(reached) if reached else None)
+    rounds = [a for d, a in zip(dra, acc) if d > 0]
+    hist: dict = {}
+    for g in gam:
+        hist[str(g)] = hist.get(str(g), 0) + 1
+    return {"mean_gamma": sum(gam) / len(gam), "gamma_histogram": hist, "acceptance_by_position": by_pos,
+            "zero_accept_share": sum(a == 0 for a in rounds) / len(rounds) if rounds else None,
+            "fallback_share": sum(r["fallback_ms"] for r in recs) / sum(r["total_ms"] - r["ttft_ms"] for r in recs)}
+
+
+def test_auto_draft_length_and_ngram_rows(tiny_self_bundle, prompts_file, tmp_path):
+    """`--draft-length 2,auto` adds an auto row per strategy (max_draft_length = 2, the largest number); its
+    draft_length is the mean gamma chosen and its MBSU uses it; ngram (no drafter) runs beside tli; the
+    pooled statistics follow from the journal; an interrupted auto run resumes by (strategy, setting)."""
+    out = tmp_path / "r"
+    argv = ["bench", "--bundle", str(tiny_self_bundle), "--prompts", str(prompts_file), "--limit", "2",
+            "--strategies", "ar,tli,ngram", "--draft-length", "2,auto", "--max-new-tokens", "10", "--repeats", "1",
+            "--no-warmup", "--threads", "1", "--bandwidth-mb", "0", "--quiet", "--report", str(out)]
+    seen = []
+
+    def stop_after_3(record):
+        seen.append(record)
+        if len(seen) == 3:              # ar, tli 2, tli auto of the first prompt
+            raise KeyboardInterrupt
+
+    parser = argparse.ArgumentParser()
+    register_bench(parser.add_subparsers())
+    s = bench_settings(parser.parse_args(argv))
+    assert s.draft_lengths == [2, "auto"] and s.max_draft_length == 2 and s.split == "all"
+    assert run_bench(s, hook=stop_after_3)["partial"] is True
+    assert seen[2]["draft_length_setting"] == "auto"
+    assert main([*argv, "--resume"]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["partial"] is False and doc["resumed_generations"] == 3 and len(doc["generations"]) == 2 * 5
+    runs = {(r["strategy"], r["draft_length_setting"]): r for r in doc["runs"]}
+    assert list(runs) == [("ar", 0), ("tli", 2), ("tli", "auto"), ("ngram", 2), ("ngram", "auto")]
+    assert all(r["outputs_differing_from_ar"] == 0 for r in doc["runs"])      # auto and ngram are lossless
+    assert doc["settings"]["max_draft_length"] == 2
+    assert "drafter" not in runs[("ngram", 2)]["providers"] and "drafter" in runs[("tli", 2)]["providers"]
+    recs = _journal(out)
+    assert len({(r["prompt_id"], r["strategy"], r["draft_length_setting"]) for r in recs}) == 10
+    for key, run in runs.items():
+        mine = [r for r in recs if (r["strategy"], r["draft_length_setting"]) == key]
+        if key[1] == 0:
+            assert run["mean_gamma"] is None and run["acceptance_by_position"] is None
+            continue
+        want = _expected_drafting(mine)
+        assert close(run["mean_gamma"], want["mean_gamma"])
+        assert run["gamma_histogram"] == want["gamma_histogram"]
+        assert max(map(int, run["gamma_histogram"])) <= 2                   # max_draft_length reached the decoder
+        assert run["acceptance_by_position"] == pytest.approx(want["acceptance_by_position"])
+        assert run["zero_accept_share"] == pytest.approx(want["zero_accept_share"])
+        assert close(run["fallback_share"], want["fallback_share"])
+        if key[1] == "auto":
+            assert close(run["draft_length"], want["mean_gamma"])
+            for r in mine:
+                assert close(r["draft_length"], sum(r["gamma_per_step"]) / len(r["gamma_per_step"]))
+        else:
+            assert run["draft_length"] == key[1]
+        for c in ("params", "bytes", "time"):                               # MBSU with the (mean) gamma
+            if run[f"c_{c}"] is not None:
+                assert close(run[f"mbsu_{c}"], run["tau"] / (run[f"c_{c}"] * run["draft_length"] + 1))
+    assert runs[("ngram", 2)]["c_time"] == 0.0 and close(runs[("ngram", 2)]["mbsu_bytes"], runs[("ngram", 2)]["tau"])
+    md = (out / "report.md").read_text()
+    assert "| tli | auto |" in md and "| ngram | auto |" in md and "## Drafting statistics" in md
+    assert "auto" not in [g["draft_length"] for g in doc["generations"]]
+    assert {g["draft_length_setting"] for g in doc["generations"]} == {0, 2, "auto"}
+
+
+def test_ngram_without_a_drafter_strategy(tiny_self_bundle, prompts_file, tmp_path):
+    """ar and ngram only: no drafter session anywhere; a bench of them runs."""
+    from edgespec.runtime.decoder import SpeculativeDecoder
+
+    bundle = Bundle.load(tiny_self_bundle)
+    assert SpeculativeDecoder(bundle, strategy="ngram", threads=1).drafter is None
+    s = BenchSettings(bundle=tiny_self_bundle, report=Path("unused"), threads=1, strategies=["ar", "ngram"],
+                      draft_lengths=[3, "auto"])
+    family = decoder_family(bundle, s.configs(), s)
+    assert list(family) == [("ar", 0), ("ngram", 3), ("ngram", "auto")]
+    assert all(d.drafter is None and d.drafter_session_info is None for d in family.values())
+    assert family[("ngram", "auto")].governor is not None and family[("ngram", "auto")].max_draft_length == 3
+    doc = run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", strategies=["ar", "ngram"],
+                             draft_lengths=[2], limit=1, max_new_tokens=8, repeats=1, warmup=False, bandwidth_mb=0))
+    assert [r["strategy"] for r in doc["runs"]] == ["ar", "ngram"]
+    assert all(set(r["providers"]) == {"target"} for r in doc["runs"])
+
+
+def test_draft_confidence_rows_share_the_sessions(tiny_self_bundle):
+    bundle = Bundle.load(tiny_self_bundle)
+    s = BenchSettings(bundle=tiny_self_bundle, report=Path("unused"), threads=1)
+    family = decoder_family(bundle, [("ar", 0), ("tli", 2), ("tli:draft_confidence=0.5", 2)], s)
+    assert family[("tli", 2)].draft_confidence is None
+    assert family[("tli:draft_confidence=0.5", 2)].draft_confidence == 0.5
+    assert family[("tli:draft_confidence=0.5", 2)].drafter is family[("tli", 2)].drafter
+
+
+def test_draft_length_list_parsing():
+    assert _draft_lengths("2, 4,AUTO") == [2, 4, "auto"]
+    with pytest.raises(argparse.ArgumentTypeError, match="integers and/or auto"):
+        _draft_lengths("2,fast")
+    assert BenchSettings(bundle=Path("b"), report=Path("r"), draft_lengths=["auto"]).max_draft_length == 8
+    assert BenchSettings(bundle=Path("b"), report=Path("r"), draft_lengths=[3, "auto", 5]).max_draft_length == 5
+
+
+# --------------------------------------------------------------------------- prompts: resume fingerprint, split
+
+def test_resume_refuses_edited_prompts(tiny_same_bundle, prompts_file, tmp_path):
+    """The journal fingerprints the prompts' content: an edited file must not mix two texts under one id."""
+    kw = dict(draft_lengths=[2], repeats=1, warmup=False, bandwidth_mb=0, max_new_tokens=6)
+    seen = []
+
+    def stop_after_2(record):
+        seen.append(record)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    run_bench(settings(tiny_same_bundle, prompts_file, tmp_path / "r", **kw), hook=stop_after_2)
+    rows = [dict(r) for r in PROMPTS]
+    rows[0]["turns"] = ["def sub(a, b):\n    return"]                  # same id, other text
+    prompts_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(BenchError, match="the prompts changed") as err:
+        run_bench(settings(tiny_same_bundle, prompts_file, tmp_path / "r", **kw, resume=True))
+    assert "\n" not in str(err.value)
+    assert len((tmp_path / "r" / "records.jsonl").read_text().splitlines()) == 1 + 2      # journal untouched
+
+
+def test_prompts_digest_of_loaded_prompts():
+    from edgespec.calibrate.prompts import Prompt
+    from edgespec.profiler.journal import prompts_sha256
+
+    a = prompts_sha256("humaneval", None, [Prompt("1", "code", "def f():")])
+    assert a == prompts_sha256("humaneval", None, [Prompt("1", "code", "def f():")])
+    assert a != prompts_sha256("humaneval", None, [Prompt("1", "code", "def g():")])
+
+
+def _spec_bench(path: Path, per_category: int, categories: int) -> Path:
+    rows = [{"question_id": f"{c}-{i}", "category": f"cat{c}", "turns": [f"Question {i} of category {c}:"]}
+            for c in range(categories) for i in range(per_category)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_named_prompt_file_is_used_whole_by_default(tiny_self_bundle, tmp_path):
+    """--split defaults to test for humaneval only; a user's file is all of it. A split or category filter
+    that leaves nothing says which one did."""
+    from edgespec.profiler.bench import select_prompts
+
+    assert BenchSettings(bundle=Path("b"), report=Path("r")).split == "test"           # built-in humaneval
+    spec = _spec_bench(tmp_path / "spec.jsonl", 2, 13)
+    prompts, _ = select_prompts(BenchSettings(bundle=Path("b"), report=Path("r"), prompts=str(spec)))
+    assert len(prompts) == 26
+    assert len(select_prompts(BenchSettings(bundle=Path("b"), report=Path("r"), prompts=str(spec),
+                                            split="test"))[0]) == 13
+    two = _spec_bench(tmp_path / "two.jsonl", 1, 2)
+    out = tmp_path / "r"
+    assert main(["bench", "--bundle", str(tiny_self_bundle), "--prompts", str(two), "--strategies", "ar",
+                 "--max-new-tokens", "4", "--repeats", "1", "--no-warmup", "--threads", "1", "--bandwidth-mb", "0",
+                 "--quiet", "--report", str(out)]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["settings"]["split"] == "all" and len(doc["settings"]["prompts_used"]) == 2
+    with pytest.raises(BenchError, match="--split test leaves none of the 2 prompt") as err:
+        run_bench(settings(tiny_self_bundle, two, tmp_path / "r2", split="test"))
+    assert "empty" not in str(err.value) and not (tmp_path / "r2").exists()
+    mixed = _spec_bench(tmp_path / "mixed.jsonl", 3, 1)
+    with open(mixed, "a") as f:
+        f.write(json.dumps({"question_id": "b", "category": "lonely", "turns": ["Hello"]}) + "\n")
+    with pytest.raises(BenchError, match="test split of .* has none in --category lonely"):
+        run_bench(settings(tiny_self_bundle, mixed, tmp_path / "r2", split="test", categories=["lonely"]))
+
+
+# --------------------------------------------------------------------------- failures: order, clean-up
+
+def test_argument_checks_come_before_any_session(tiny_self_bundle, prompts_file, tmp_path, monkeypatch):
+    import edgespec.runtime.decoder as decoder_module
+
+    def no_session(*a, **k):
+        raise AssertionError("a session was created before the arguments were checked")
+    monkeypatch.setattr(decoder_module, "create_session", no_session)
+    for kw, err, msg in (
+            (dict(draft_lengths=[65]), BenchError, "draft-length"),
+            (dict(draft_lengths=[2, "auto", "auto"]), BenchError, "twice"),
+            (dict(draft_lengths=["fast"]), BenchError, "draft-length"),
+            (dict(max_draft_length=0), BenchError, "max-draft-length"),
+            (dict(top_p=2.0), GenerationError, "top_p"),
+            (dict(top_k=0), GenerationError, "top_k"),
+            (dict(strategies=["ar", "tli:nope=1"]), BenchError, "unknown option 'nope'"),
+            (dict(strategies=["ar", "ngram:draft_probability=0.5"]), BenchError, "token-level"),
+            (dict(strategies=["ar", "tli:draft_confidence=2"]), BenchError, "draft_confidence"),
+            (dict(strategies=["ar", "tli:concurrent_draft=maybe"]), BenchError, "concurrent_draft"),
+            (dict(strategies=["ar", "ngram:ngram_max_n=0"]), GenerationError, "ngram_max_n"),
+            (dict(strategies=["ar", "tli", "rdk"]), GenerationError, "affinity"),
+            (dict(strategies=["ar", "sd", "nope"]), GenerationError, "unknown strategy")):
+        with pytest.raises(err, match=msg):
+            run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", **kw))
+        assert not (tmp_path / "r").exists(), kw
+
+
+def test_failed_bench_removes_only_what_it_created(tiny_self_bundle, prompts_file, tmp_path):
+    from edgespec.errors import BundleError
+
+    deep = tmp_path / "new" / "deeper" / "r"
+    with pytest.raises(BundleError):
+        run_bench(settings(tmp_path / "no-bundle", prompts_file, deep))
+    assert not (tmp_path / "new").exists()                          # the parents it made go too
+    with pytest.raises(EPError):                                    # fails while creating sessions
+        run_bench(settings(tiny_self_bundle, prompts_file, deep, ep="dml"))
+    assert not (tmp_path / "new").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(EPError):
+        run_bench(settings(tiny_self_bundle, prompts_file, mine, ep="dml"))
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]  # a pre-existing directory and its files stay
+    with pytest.raises(BenchError, match="does not exist"):
+        run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "none", resume=True))
+    assert not (tmp_path / "none").exists()
 
 
 # --------------------------------------------------------------------------- real model (CI)
