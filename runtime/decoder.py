@@ -33,7 +33,7 @@ from edgespec.runtime.kv import ModelRunner
 from edgespec.runtime.randomised import SideRunner
 from edgespec.runtime.rounds import Generation, draft_tokens
 from edgespec.runtime.sampling import SamplingParams, make_rng
-from edgespec.runtime.sessions import create_session
+from edgespec.runtime.sessions import check_threads, create_session
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.strategies import STRATEGIES, choose_auto, get_strategy
 from edgespec.runtime.text import TextState
@@ -54,13 +54,15 @@ class SpeculativeDecoder:
                  draft_probability: float | str | None = None, draft_threads: int | None = None,
                  concurrent_draft: bool = True, max_draft_length: int = 8, draft_confidence: float | None = None,
                  **strategy_options):
+        strat = get_strategy(strategy)
+        check_draft_length(draft_length)       # argument checks first: loading and sessions take seconds
+        check_draft_length(max_draft_length)
+        check_threads(threads)
+        check_threads(draft_threads, "draft_threads")
+        _check_options(strategy_options)
         if not isinstance(bundle, Bundle):
             bundle = Bundle.load(bundle)
         self.bundle = bundle
-        strat = get_strategy(strategy)
-        check_draft_length(draft_length)       # argument checks first: sessions take seconds to build
-        check_draft_length(max_draft_length)
-        _check_options(strategy_options)
         tinfo = bundle.target.info
         sess, self.target_session_info = create_session(bundle.target.onnx, ep, threads, allow_fallback, "target")
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)

@@ -4,7 +4,7 @@ import threading
 import numpy as np
 import pytest
 
-from edgespec.errors import EdgespecError, GenerationError
+from edgespec.errors import EdgespecError, EPError, GenerationError
 from edgespec.runtime import Bundle, SpeculativeDecoder
 
 PROMPTS = ["The quick brown", "def add(a, b):", "Once upon a time", "1, 2, 3,"]
@@ -63,6 +63,13 @@ def test_a_stream_superseded_by_another_thread_says_so(dec):
 def test_bad_decoder_arguments(tiny_self_bundle, kwargs, match):
     with pytest.raises(GenerationError, match=match):
         SpeculativeDecoder(tiny_self_bundle, strategy="tli", threads=1, **{"draft_length": 3, **kwargs})
+
+
+@pytest.mark.parametrize("kwargs", [dict(threads=0), dict(draft_threads=2.0), dict(threads=True)])
+def test_bad_thread_counts_refused_before_the_bundle_loads(tmp_path, kwargs):
+    # the path does not exist: a thread check that ran after Bundle.load would raise BundleError instead
+    with pytest.raises(EPError, match="threads must be a whole number"):
+        SpeculativeDecoder(tmp_path / "missing", strategy="tli", draft_length=3, **kwargs)
 
 
 @pytest.mark.parametrize("prompt, match", [
