@@ -46,8 +46,8 @@ class Side:
 class BundleParts:
     """Everything one bundle is written from."""
     target: Side
-    drafter: Side
-    kept: KeptVocab
+    drafter: Side | None          # None: a target-only bundle
+    kept: KeptVocab | None
     pair: str | None
     progress: bool = True
     transform: Callable[[Path], dict | None] | None = None   # runs after the checks, before hashing
@@ -60,6 +60,8 @@ def _log(progress: bool, msg: str) -> None:
 
 def write_bundle(root: Path, parts: BundleParts) -> dict:
     """Fill the empty directory `root` with the bundle of `parts`; returns the manifest written."""
+    if parts.drafter is None:
+        return _write_target_only(root, parts)
     t, d, kept = parts.target, parts.drafter, parts.kept
     for sub in ("target", "drafter", "vocab"):
         (root / sub).mkdir()
@@ -71,10 +73,7 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
     priors = _copy_priors(kept, root / "vocab")
     pruned = _prune_drafter(root, d, kept.ids, maps["index_map"], parts.progress)
     t_check, d_check = t.graph.meta["check"], d.graph.meta["check"]
-    t_diff = t_check["target_vs_torch_max_abs_diff"]
-    if not (t_check["ok"] if "ok" in t_check else t_diff <= ox.TORCH_ATOL):
-        raise ExportError(f"exported target logits differ from torch by {t_diff:.3g} (tolerance {ox.TORCH_ATOL} + "
-                          f"{ox.TORCH_RTOL}*|logit|); no bundle written")
+    t_diff = _check_target(t_check)
 
     updates = parts.transform(root) if parts.transform is not None else None
 
@@ -112,6 +111,43 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
         pair=parts.pair, same_tokenizer=maps["same_tokenizer"],
         target=_side_entry(root, t, t_stats, ios["target"], "target"), drafter=drafter, vocab=vocab,
         checks=checks, export={"versions": t.graph.meta.get("versions"), "task": ox.TASK}, files=files)
+    if updates:
+        _deep_merge(manifest, updates)
+    mf.write_manifest(root, manifest)
+    return manifest
+
+
+def _check_target(t_check: dict) -> float:
+    """The target graph's export-time check against torch: its max |diff|, ExportError if it failed."""
+    t_diff = t_check["target_vs_torch_max_abs_diff"]
+    if not (t_check["ok"] if "ok" in t_check else t_diff <= ox.TORCH_ATOL):
+        raise ExportError(f"exported target logits differ from torch by {t_diff:.3g} (tolerance {ox.TORCH_ATOL} + "
+                          f"{ox.TORCH_RTOL}*|logit|); no bundle written")
+    return t_diff
+
+
+def _write_target_only(root: Path, parts: BundleParts) -> dict:
+    """A bundle without a drafter (manifest drafter and vocab null): `ar` and prompt lookup."""
+    t = parts.target
+    (root / "target").mkdir()
+    for name in t.graph.files:
+        _place(t.graph.dir / name, root / "target" / name)
+    _copy_tokenizer(t.source.hf_dir, root / "target")
+    t_check = t.graph.meta["check"]
+    t_diff = _check_target(t_check)
+    updates = parts.transform(root) if parts.transform is not None else None
+    onnx_path = root / "target" / "model.onnx"
+    stats = weight_stats(onnx_path) if parts.transform is not None else \
+        t.graph.meta.get("weight_stats") or weight_stats(onnx_path)
+    io = io_names(onnx_path) if parts.transform is not None else t.graph.meta.get("io") or io_names(onnx_path)
+    checks = {"target_vs_torch_max_abs_diff": t_diff,
+              "target_vs_torch": {k: t_check.get(k) for k in ("atol", "rtol", "max_excess_over_rtol", "ok",
+                                                              "torch_logit_absmax")},
+              "input": t_check["input"]}
+    manifest = mf.new_manifest(pair=parts.pair, same_tokenizer=True, target=_side_entry(root, t, stats, io, "target"),
+                               drafter=None, vocab=None, checks=checks,
+                               export={"versions": t.graph.meta.get("versions"), "task": ox.TASK},
+                               files=mf.list_files(root))
     if updates:
         _deep_merge(manifest, updates)
     mf.write_manifest(root, manifest)

@@ -50,7 +50,7 @@ def check_out_dir(out: Path) -> None:
             raise ExportError(f"output dir {out} exists and is not an edgespec bundle; refusing to overwrite it")
 
 
-def export_bundle(target: str, drafter: str, out: str | Path, keep: int | None = None, vocab: str | Path | None = None,
+def export_bundle(target: str, drafter: str | None, out: str | Path, keep: int | None = None, vocab: str | Path | None = None,
                   pair: str | None = None, progress: bool = True, cache: Path | None = None,
                   transform: Callable[[Path], dict | None] | None = None, force_external: bool = False,
                   graph: str | None = None, builder: dict | None = None) -> Path:
@@ -64,9 +64,13 @@ def export_bundle(target: str, drafter: str, out: str | Path, keep: int | None =
     `transform(root)`, if given, runs on the temporary bundle after the export-time checks and before
     hashing (the quantization hook, see export/cli.py); the dict it returns is merged into the manifest."""
     out = Path(out).expanduser().absolute()
-    if keep is not None and vocab is not None:
+    if drafter is None and (keep is not None or vocab is not None):
+        raise ExportError("--keep/--vocab prune a drafter: a target-only bundle (no --drafter) takes neither")
+    if drafter is None:
+        pass                          # target only: `ar` and prompt lookup (`ngram`)
+    elif keep is not None and vocab is not None:
         raise ExportError("give either --keep K or --vocab VOCAB.json, not both")
-    if keep is None and vocab is None:
+    elif keep is None and vocab is None:
         raise ExportError("give --keep K (first-K fallback) or --vocab VOCAB.json (from edgespec calibrate)")
     validate_keep(keep)
     if graph not in (None, "builder", "optimum"):
@@ -89,16 +93,20 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
                    pair: str | None, progress: bool, cache: Path | None, transform=None,
                    force_external: bool = False, graph: str | None = None, builder: dict | None = None) -> Path:
     t_src = resolve(target, progress)
-    d_src = resolve(drafter, progress) if drafter != target else t_src
+    d_src = resolve(drafter, progress) if drafter not in (None, target) else t_src
     t_info = ox.model_info(t_src.hf_dir)
-    d_info = ox.model_info(d_src.hf_dir)
-    validate_keep(keep, d_info["vocab_size"])
     t_tok = tokenizer_info(t_src.hf_dir)
-    d_tok = tokenizer_info(d_src.hf_dir)
-    if keep is not None:
-        kept = make_first_k(keep, d_tok.vocab_hash, d_info["vocab_size"], d_tok.special_ids)
+    if drafter is None:
+        kept = None
+        builder = builder and {**builder, "drafter": builder.get("target", "fp32")}   # reuse the target graph
     else:
-        kept = load_vocab_file(Path(vocab), d_tok.vocab_hash, d_info["vocab_size"], d_tok.special_ids)
+        d_info = ox.model_info(d_src.hf_dir)
+        validate_keep(keep, d_info["vocab_size"])
+        d_tok = tokenizer_info(d_src.hf_dir)
+        if keep is not None:
+            kept = make_first_k(keep, d_tok.vocab_hash, d_info["vocab_size"], d_tok.special_ids)
+        else:
+            kept = load_vocab_file(Path(vocab), d_tok.vocab_hash, d_info["vocab_size"], d_tok.special_ids)
 
     cache_dir = Path(cache) if cache is not None else exports_dir()
     _check_disk_space(t_src, d_src, cache_dir, out, force_external)
@@ -107,7 +115,8 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = ox.owned_tmpdir(out.parent, f".{out.name}.tmp-")
     _chmod_default(tmp)
-    parts = BundleParts(target=Side(t_src, t_exp, t_info, t_tok), drafter=Side(d_src, d_exp, d_info, d_tok),
+    parts = BundleParts(target=Side(t_src, t_exp, t_info, t_tok),
+                        drafter=None if drafter is None else Side(d_src, d_exp, d_info, d_tok),
                         kept=kept, pair=pair, progress=progress, transform=transform)
     try:
         manifest = write_bundle(tmp, parts)
@@ -116,6 +125,10 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    if drafter is None:
+        _log(progress, f"target-only bundle written to {out} (strategies ar and ngram; target vs torch "
+                       f"{_fmt(manifest['checks']['target_vs_torch_max_abs_diff'])})")
+        return out
     _log(progress, f"bundle written to {out} (drafter keeps {manifest['vocab']['kept']} tokens; "
                    f"pruned max |diff| {_fmt(manifest['checks']['pruned_vs_full_max_abs_diff'])}, "
                    f"target vs torch {_fmt(manifest['checks']['target_vs_torch_max_abs_diff'])})")

@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     p.add_argument("--pair", metavar="NAME", help="pair recipe (see `edgespec models list`); gives --target, "
                                                    "--drafter and the default --keep")
     p.add_argument("--target", metavar="SRC", help="target model source")
-    p.add_argument("--drafter", metavar="SRC", help="drafter model source")
+    p.add_argument("--drafter", metavar="SRC", help="drafter model source (none: a target-only bundle, for "
+                                                     "`ar` and prompt lookup `ngram`)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--keep", type=int, metavar="K", help="keep the first K drafter tokens (plain fallback without "
                                                          "calibration data; special tokens are always kept)")
@@ -46,9 +47,9 @@ def run(args) -> int:
         drafter = drafter or pair.drafter
         if keep is None and args.vocab is None:
             keep = pair.keep
-    if not target or not drafter:
-        raise ExportError("give --pair NAME, or both --target SRC and --drafter SRC")
-    if keep is None and args.vocab is None:
+    if not target:
+        raise ExportError("give --pair NAME, or --target SRC (with --drafter SRC for a pair)")
+    if drafter and keep is None and args.vocab is None:
         raise ExportError("give --keep K or --vocab VOCAB.json")
     out = args.out or (f"bundles/{pair.name}" if pair else None)
     if not out:

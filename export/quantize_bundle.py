@@ -109,6 +109,8 @@ def make_transform(target: str | None, drafter: str | None, block_size: int = q.
     def transform(root: Path) -> dict:
         updates: dict = {}
         for side, scheme in sides.items():
+            if not (Path(root) / side).is_dir():      # a target-only bundle has no drafter
+                continue
             updates[side] = quantize_side(Path(root), side, scheme, opts, quality_tokens if side == "target" else 0,
                                           progress)
         if "quality" in updates.get("target", {}).get("quantization", {}):

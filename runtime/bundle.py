@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from edgespec.errors import BundleError
 from edgespec.hashing import sha256_file
-from edgespec.runtime.manifest import SIDES, check_io, check_required_files, read_manifest, shown
+from edgespec.runtime.manifest import SIDES, check_io, check_required_files, is_target_only, read_manifest, shown
 from edgespec.runtime.vocab import vocab_hash
 
 FAST_HASH_LIMIT = 64 * 1024**2
@@ -93,7 +93,7 @@ class Bundle:
     path: Path
     manifest: dict
     target: ModelFiles
-    drafter: ModelFiles
+    drafter: ModelFiles | None       # None in a target-only bundle (`ar`, `ngram`)
     index_map: np.ndarray            # int64 [K]: kept column -> target id, -1 if none
     draft_ids: np.ndarray            # int64 [K]: kept column -> drafter id
     drafter_to_target: np.ndarray    # int64 [V_d]
@@ -110,6 +110,10 @@ class Bundle:
         return bool(self.manifest.get("same_tokenizer"))
 
     @property
+    def has_drafter(self) -> bool:
+        return self.drafter is not None
+
+    @property
     def kept(self) -> int:
         return int(self.index_map.shape[0])
 
@@ -122,7 +126,7 @@ class Bundle:
         return self.manifest["target"]
 
     @property
-    def drafter_info(self) -> dict:
+    def drafter_info(self) -> dict | None:
         return self.manifest["drafter"]
 
     @property
@@ -131,13 +135,15 @@ class Bundle:
 
     @property
     def drafter_tokenizer(self):
-        return self.drafter.tokenizer
+        return None if self.drafter is None else self.drafter.tokenizer
 
     @property
     def chat_template(self) -> str | None:
         return self.target.chat_template
 
     def __repr__(self) -> str:
+        if self.drafter is None:
+            return f"Bundle({str(self.path)!r}, target only)"
         return (f"Bundle({str(self.path)!r}, pair={self.manifest.get('pair')!r}, kept={self.kept}, "
                 f"same_tokenizer={self.same_tokenizer})")
 
@@ -151,6 +157,10 @@ class Bundle:
             raise BundleError(f"bundle {root} does not exist or is not a directory")
         manifest = read_manifest(root)
         verify_files(root, manifest, verify)
+        if is_target_only(manifest):
+            none = np.zeros(0, dtype=np.int64)
+            return cls(path=root, manifest=manifest, target=_load_side(root, manifest, "target"), drafter=None,
+                       index_map=none, draft_ids=none, drafter_to_target=none, target_to_drafter=none, vocab={})
         sides = {side: _load_side(root, manifest, side) for side in SIDES}
         same = sides["target"].info["tokenizer"]["vocab_hash"] == sides["drafter"].info["tokenizer"]["vocab_hash"]
         if manifest["same_tokenizer"] != same:

@@ -63,6 +63,12 @@ class SpeculativeDecoder:
         if not isinstance(bundle, Bundle):
             bundle = Bundle.load(bundle)
         self.bundle = bundle
+        if not bundle.has_drafter:
+            if strat.name == "auto":
+                strat = get_strategy("ngram")       # the one speculation a target-only bundle can do
+            elif strat.uses_drafter:
+                raise GenerationError(f"bundle {bundle.path} has no drafter: strategy {strat.name!r} needs one; use "
+                                      "strategy 'ngram' (prompt lookup) or 'ar', or export a pair")
         tinfo = bundle.target.info
         sess, self.target_session_info = create_session(bundle.target.onnx, ep, threads, allow_fallback, "target")
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)
@@ -96,6 +102,9 @@ class SpeculativeDecoder:
             raise GenerationError(f"draft_confidence must be in (0, 1) or None, got {c!r}")
         if draft_length == "auto" and not strat.speculative:
             raise GenerationError(f"draft_length='auto' needs a speculative strategy, not {strat.name!r}")
+        if strat.uses_drafter and not self.bundle.has_drafter:
+            raise GenerationError(f"bundle {self.bundle.path} has no drafter: strategy {strat.name!r} needs one; "
+                                  "use strategy 'ngram' (prompt lookup) or 'ar'")
         if strat.uses_drafter and self.drafter is None:
             raise GenerationError(f"strategy {strat.name!r} needs a drafter session; this decoder was created "
                                   "with 'ar' and has none")
@@ -127,6 +136,8 @@ class SpeculativeDecoder:
         new = copy.copy(self)
         new.last_result = None
         strat = get_strategy(strategy) if strategy is not None else self.strategy
+        if strat.name == "auto" and not self.bundle.has_drafter:
+            strat = get_strategy("ngram")
         if draft_length is None:
             draft_length = self.draft_length_setting if strat.speculative else 1
         new._configure(strat, draft_length,

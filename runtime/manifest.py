@@ -19,9 +19,10 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SIDES = ("target", "drafter")
 REQUIRED_SECTIONS = ("target", "drafter", "vocab", "files")
-REQUIRED_FILES = ("target/model.onnx", "drafter/model.onnx", "target/tokenizer.json", "drafter/tokenizer.json",
-                  "vocab/index_map.npy", "vocab/draft_ids.npy", "vocab/drafter_to_target.npy",
-                  "vocab/target_to_drafter.npy")
+# A target-only bundle (no drafter: `ar` and prompt lookup) has "drafter": null and "vocab": null.
+TARGET_FILES = ("target/model.onnx", "target/tokenizer.json")
+REQUIRED_FILES = TARGET_FILES + ("drafter/model.onnx", "drafter/tokenizer.json", "vocab/index_map.npy",
+                                 "vocab/draft_ids.npy", "vocab/drafter_to_target.npy", "vocab/target_to_drafter.npy")
 REQUIRED_IO = {
     "target": {"inputs": {"input_ids", "attention_mask"}, "outputs": {"logits"}},
     "drafter": {"inputs": {"input_ids", "attention_mask"}, "outputs": {"logits", "index_map", "draft_ids"}},
@@ -62,9 +63,10 @@ def vocab_entry(*, kept: int, provenance: dict, intersection: int, kept_with_tar
             "vocab_file": "vocab/vocab.json", **{k: priors[k] for k in PRIOR_KEYS}}
 
 
-def new_manifest(*, pair: str | None, same_tokenizer: bool, target: dict, drafter: dict, vocab: dict, checks: dict,
-                 export: dict, files: dict) -> dict:
-    """The whole manifest, stamped with the format, this edgespec's version and the time (UTC)."""
+def new_manifest(*, pair: str | None, same_tokenizer: bool, target: dict, drafter: dict | None, vocab: dict | None,
+                 checks: dict, export: dict, files: dict) -> dict:
+    """The whole manifest, stamped with the format, this edgespec's version and the time (UTC);
+    drafter and vocab are None in a target-only bundle."""
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "edgespec_version": __version__,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -122,10 +124,19 @@ def read_manifest(root: Path) -> dict:
         raise BundleError(f"bundle {root} has format_version {shown(ver)}; this edgespec reads version {FORMAT_VERSION} "
                           "(re-export it with this version)")
     for key in REQUIRED_SECTIONS:
-        if not isinstance(manifest.get(key), dict):
+        if key not in manifest or not (isinstance(manifest[key], dict) or key in ("drafter", "vocab")
+                                       and manifest[key] is None):
             raise BundleError(f"bundle {root}: manifest lacks {key!r}")
+    if (manifest["drafter"] is None) != (manifest["vocab"] is None):
+        raise BundleError(f"bundle {root}: manifest has a {'vocab' if manifest['drafter'] is None else 'drafter'} "
+                          "section without the other (a target-only bundle has neither)")
     check_schema(root, manifest)
     return manifest
+
+
+def is_target_only(manifest: dict) -> bool:
+    """A bundle without a drafter (read_manifest has checked that drafter and vocab are both null)."""
+    return manifest["drafter"] is None
 
 
 def _is_int(v, lo: int = 0) -> bool:
@@ -176,7 +187,10 @@ def check_schema(root: Path, manifest: dict) -> None:
     """The manifest values the runtime reads have the types and ranges it needs (one-line BundleError)."""
     _expect(root, "same_tokenizer", manifest.get("same_tokenizer"), isinstance(manifest.get("same_tokenizer"), bool),
             "true or false")
-    for side in SIDES:
+    if is_target_only(manifest):
+        _expect(root, "same_tokenizer", manifest["same_tokenizer"], manifest["same_tokenizer"],
+                "true in a target-only bundle")
+    for side in SIDES[:1] if is_target_only(manifest) else SIDES:
         info = manifest[side]
         for key, ok, want in _SIDE_SCHEMA:
             _expect(root, f"{side}.{key}", info.get(key), ok(info.get(key)), want)
@@ -184,11 +198,12 @@ def check_schema(root: Path, manifest: dict) -> None:
             value = info["tokenizer"].get(key)
             _expect(root, f"{side}.tokenizer.{key}", value, ok(value), want)
     vocab = manifest["vocab"]
-    _expect(root, "vocab.kept", vocab.get("kept"), _is_int(vocab.get("kept"), 1), "an integer >= 1")
-    _expect(root, "vocab.vocab_file", vocab.get("vocab_file"), vocab.get("vocab_file") is None
-            or _is_path(vocab.get("vocab_file")), "a relative path")
-    for key, (ok, want) in _PRIOR_SCHEMA.items():
-        _expect(root, f"vocab.{key}", vocab.get(key), ok(vocab.get(key)), want)
+    if vocab is not None:
+        _expect(root, "vocab.kept", vocab.get("kept"), _is_int(vocab.get("kept"), 1), "an integer >= 1")
+        _expect(root, "vocab.vocab_file", vocab.get("vocab_file"), vocab.get("vocab_file") is None
+                or _is_path(vocab.get("vocab_file")), "a relative path")
+        for key, (ok, want) in _PRIOR_SCHEMA.items():
+            _expect(root, f"vocab.{key}", vocab.get(key), ok(vocab.get(key)), want)
     for rel, meta in manifest["files"].items():
         _expect(root, "files key", rel, _is_path(rel), "a relative path")
         _expect(root, f"files[{shown(rel)}]", meta, isinstance(meta, dict) and _is_int(meta.get("bytes"))
@@ -198,7 +213,7 @@ def check_schema(root: Path, manifest: dict) -> None:
 
 def check_required_files(root: Path, manifest: dict) -> None:
     """The files section lists every file the runtime needs."""
-    for rel in REQUIRED_FILES:
+    for rel in TARGET_FILES if is_target_only(manifest) else REQUIRED_FILES:
         if rel not in manifest["files"]:
             raise BundleError(f"bundle {root}: manifest does not list required file {rel}")
 
