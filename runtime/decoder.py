@@ -113,6 +113,7 @@ class SpeculativeDecoder:
         gamma = self.max_draft_length if draft_length == "auto" else int(draft_length)
         self.draft_length = gamma if strat.speculative else 0
         self.governor = Governor(gamma) if draft_length == "auto" and strat.speculative else None
+        self.source_governors: dict[str, Governor] = {}     # per proposer (Strategy.source), made on first use
         self._auto: dict = {}                  # strategy="auto": the strategy chosen per sampling mode
         self.draft_probability = self._check_draft_probability(draft_probability)
         self.concurrent_draft = bool(concurrent_draft)
@@ -126,6 +127,14 @@ class SpeculativeDecoder:
         self.work = np.zeros((2, v), dtype=np.float64)         # residual + CDF scratch (verify, draws)
         self.last_result: GenerationResult | None = None
         self._last_generation: Generation | None = None
+
+    def governor_for(self, source: str | None) -> Governor | None:
+        """The draft-length governor of a round from `source` (None: the strategy's only proposer)."""
+        if self.governor is None or source is None:
+            return self.governor
+        if source not in self.source_governors:
+            self.source_governors[source] = Governor(self.governor.gamma_max)
+        return self.source_governors[source]
 
     def variant(self, strategy: str | None = None, draft_length: int | None = None,
                 draft_probability: float | str | None = None, concurrent_draft: bool | None = None,

@@ -42,11 +42,25 @@ def check(bundle, options) -> None:
         raise GenerationError(f"ngram_max_n must be an integer >= 1, got {n!r}")
 
 
-def propose(gen, gamma: int) -> Draft:
-    """The n-gram continuation when there is one; else the drafter's draft (ngram-tli), or none."""
+def _find(gen, gamma: int) -> list[int]:
     max_n = int(gen.dec.options.get("ngram_max_n", DEFAULT_MAX_N))
     history = np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64)
-    found = lookup(history, max_n, gamma, min_n=1 if gen.drafter is None else COMBINED_MIN_N)
+    return lookup(history, max_n, gamma, min_n=1 if gen.drafter is None else COMBINED_MIN_N)
+
+
+def source(gen) -> str:
+    """ngram-tli: "ngram" when the n-gram lookup has a continuation this round, else "drafter". The two
+    have their own draft-length governors (draft_length="auto"): a long n-gram draft costs one verify
+    forward, a drafter draft a drafter forward per token. The lookup is kept for `propose`."""
+    gen.ngram_found = _find(gen, gen.dec.draft_length)
+    return "ngram" if gen.ngram_found else "drafter"
+
+
+def propose(gen, gamma: int) -> Draft:
+    """The n-gram continuation when there is one; else the drafter's draft (ngram-tli), or none."""
+    found = getattr(gen, "ngram_found", None)
+    found = _find(gen, gamma) if found is None else found[:gamma]
+    gen.ngram_found = None
     if found or gen.drafter is None:
         return lookup_draft(gen, found)
     return draft_tokens(gen, gamma)

@@ -184,6 +184,7 @@ class Generation:
         self.generated: list[int] = []
         self.last = -1
         self.id = generation_id
+        self.ngram_found: list[int] | None = None      # ngram.source's lookup, for this round's propose
         self.stats = GenerationStats(strategy=dec.strategy.name, draft_length=dec.draft_length,
                                      draft_length_setting=dec.draft_length_setting if dec.draft_length else 0,
                                      prompt_tokens=len(prompt_ids), providers=dec.providers)
@@ -209,7 +210,8 @@ class Generation:
 
     def round(self) -> list[int]:
         self.check_current()
-        gamma, governor, st = self.draft_budget(), self.dec.governor, self.stats
+        gamma, st, strategy = self.draft_budget(), self.stats, self.dec.strategy
+        governor = self.dec.governor_for(strategy.source(self) if strategy.source and gamma else None)
         if governor is not None:
             gamma = governor.choose(gamma)
         fed = self.drafter.tokens_fed if self.drafter is not None else 0

@@ -64,6 +64,8 @@ class Strategy:
     propose: Callable = draft_tokens
     accept: Callable = accept_tokens
     options: tuple[str, ...] = ()             # the strategy options `prepare`/`check` read
+    source: Callable | None = None            # source(gen) -> this round's proposer, when it has several
+                                              # (each gets its own draft-length governor)
 
     def __post_init__(self):
         if self.greedy is None and self.distribution is not None:
@@ -95,7 +97,8 @@ for _s in (
              uses_drafter=False, prepare=lambda b, o: None, distribution=None, greedy=None, check=ngram.check,
              propose=ngram.propose, options=("ngram_max_n",)),
     Strategy("ngram-tli", "prompt lookup when the n-gram matches, the drafter's TLI draft otherwise",
-             greedy=tli_greedy, check=ngram.check, propose=ngram.propose, options=("ngram_max_n",)),
+             greedy=tli_greedy, check=ngram.check, propose=ngram.propose, options=("ngram_max_n",),
+             source=ngram.source),
     Strategy("tli", "Token-Level Intersection (Algorithm 4)", greedy=tli_greedy),
     Strategy("sd", "vanilla speculative decoding, same tokenizer (Algorithm 5)", greedy=tli_greedy,
              check=_require_same_tokenizer),

@@ -16,7 +16,7 @@ PROMPTS = ["The quick brown fox. The quick brown", "def add(a, b):\n    return a
            "1, 2, 3, 1, 2, 3, 1,", "Once upon a time"]
 CONFIGS = [dict(strategy="ngram"), dict(strategy="ngram-tli"), dict(strategy="tli", draft_length="auto"),
            dict(strategy="tli", draft_confidence=0.5), dict(strategy="auto"), dict(strategy="ngram", draft_length="auto"),
-           dict(strategy="slem", draft_length="auto")]
+           dict(strategy="slem", draft_length="auto"), dict(strategy="ngram-tli", draft_length="auto")]
 
 
 @pytest.mark.parametrize("which", ["self", "hetero"])
@@ -125,3 +125,13 @@ def test_the_governor_respects_a_shrinking_limit():
         gov.update(g, g, 10.0 + g)
     assert gov.choose(6) >= 2
     assert [gov.choose(k) for k in (1, 0, 1)] == [1, 0, 1]   # near max_new_tokens
+
+
+def test_ngram_tli_auto_keeps_one_governor_per_proposer(tiny_self_bundle):
+    dec = SpeculativeDecoder(tiny_self_bundle, strategy="ngram-tli", draft_length="auto", threads=1)
+    ar = dec.variant("ar")
+    prompt = PROMPTS[1] + "\n" + PROMPTS[3]      # a repeat to look up, and text with none
+    assert dec.generate(prompt, max_new_tokens=40).token_ids == ar.generate(prompt, max_new_tokens=40).token_ids
+    assert set(dec.source_governors) <= {"ngram", "drafter"} and dec.source_governors
+    assert dec.governor_for(None) is dec.governor and dec.governor_for("ngram") is dec.governor_for("ngram")
+    assert SpeculativeDecoder(tiny_self_bundle, strategy="ngram-tli", threads=1).governor_for("ngram") is None
