@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.edgespec-installed
 
-.PHONY: install test test-long test-lowest-ort demo clean
+.PHONY: install test test-long test-lowest-ort resolve-platforms demo clean
 
 install: $(STAMP)
 
@@ -38,6 +38,10 @@ test-lowest-ort: install
 	$(ORTLOW_VENV)/bin/python -m pip install -q --disable-pip-version-check -c $(ORTLOW_DIR)/ort-constraints.txt -e . "pytest>=8"
 	EDGESPEC_ORT_CHECK_DIR=$(ORTLOW_DIR) EDGESPEC_ORT_EXPECT=$(LOWEST_ORT) \
 		$(ORTLOW_VENV)/bin/python -m pytest -m lowest_ort -rA tests/test_lowest_ort.py
+
+# Which ONNX Runtime build `pip install edgespec` gets on each edge platform (uv dry resolutions, the README table).
+resolve-platforms: install
+	tools/resolve_platforms.sh $(PY)
 
 demo: install
 	$(VENV)/bin/edgespec demo
