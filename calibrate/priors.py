@@ -21,10 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.calibrate.output import save_npz
+from edgespec.calibrate.prefix_affinity import StructuralEstimator
 from edgespec.errors import CalibrationError
 from edgespec.runtime.rdk import Affinity, rdk_distribution, rdk_taylor_distribution
 
-ESTIMATORS = ("cooc", "cov")
+ESTIMATORS = ("cooc", "cov", "prefix", "first")   # prefix/first: tokenizer structure (prefix_affinity.py)
 
 
 # --------------------------------------------------------------------------- unigram prior
@@ -266,7 +267,10 @@ class CovEstimator:
         return (data, indices, indptr), info
 
 
-def make_estimator(name: str, index_map: np.ndarray, n_target: int, **kw):
+def make_estimator(name: str, index_map: np.ndarray, n_target: int, tokenizers: tuple | None = None, **kw):
+    """`tokenizers` = (target, drafter): needed by the structural estimators only."""
+    if name in ("prefix", "first"):
+        return StructuralEstimator(name, index_map, n_target, tokenizers)
     if name == "cooc":
         return CoocEstimator(index_map, n_target, **kw)
     if name == "cov":

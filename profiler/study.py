@@ -14,10 +14,13 @@ Method (teacher-forced, bounded memory):
    rdk-taylor) and the affinity M over all drafter columns with each estimator (calibrate/priors.py);
    at kept size K the study uses the rows of M for the K kept columns.
 4. Held-out positions: for each kept size, alpha = sum min(p, d) of every sampler (study_samplers.py),
-   accumulated as running sums; positions are processed in chunks of 32 rows.
-Outputs in OUT/: acceptance.csv, acceptance.png (alpha against the fraction pruned, one line per
-sampler), study.json (settings, provenance and the same rows), and with a bundle the VocabTrim view
-(expected tau and MBSU(c_params) of TLI against K) in vocabtrim.png.
+   kept per position (a few floats each); positions are processed in chunks of 32 rows. Each row
+   reports alpha, its standard error std/sqrt(n), and the paired difference to TLI at the same kept
+   size with its standard error (same positions, so far tighter than the two SEs combined).
+Outputs in OUT/: alphas.npz (per-position alpha of every row, keyed by row label), acceptance.csv,
+acceptance.png (alpha against the fraction pruned, one line per sampler), study.json (settings,
+provenance and the same rows), and with a bundle the VocabTrim view (expected tau and MBSU(c_params)
+of TLI against K) in vocabtrim.png.
 """
 from __future__ import annotations
 
@@ -40,7 +43,8 @@ from edgespec.paths import exports_dir
 from edgespec.profiler import mbsu as M
 from edgespec.profiler import study_report
 from edgespec.profiler.errors import StudyError
-from edgespec.profiler.study_samplers import attach_samplers, level_alphas, make_level, taylor_samplers
+from edgespec.profiler.study_samplers import (attach_samplers, attach_slrs_bound, level_alphas, make_level,
+                                              sampler_label, taylor_samplers)
 from edgespec.runtime.rdk import DEFAULT_TOL
 from edgespec.runtime.sampling import softmax
 from edgespec.runtime.tli import tli_rows
@@ -178,13 +182,15 @@ class Calibration:
     prior: np.ndarray                # target unigram prior (float32 [V_t])
     affinities: dict                 # estimator -> CSR (data, indices, indptr) over all V_d rows
     info: dict
+    structure: object = None         # prefix_affinity.TokenStructure when a structural M was asked for
 
 
 def calibration_pass(models, texts, target_fn, drafter_fn, cfg: StudyConfig) -> Calibration:
     d2t = np.asarray(models.d2t, dtype=np.int64)
     d_counts, t_counts = np.zeros(models.v_d), np.zeros(models.v_t)
     q_mass = np.zeros(models.v_d)
-    estimators = {e: make_estimator(e, d2t, models.v_t) for e in cfg.estimators}
+    estimators = {e: make_estimator(e, d2t, models.v_t, tokenizers=(models.t_tok, models.d_tok))
+                  for e in cfg.estimators}
     last, positions = None, 0
     for seq, _, p, q in position_chunks(models, texts, target_fn, drafter_fn, cfg.calib_positions, cfg,
                                         "calibration positions"):
@@ -206,37 +212,45 @@ def calibration_pass(models, texts, target_fn, drafter_fn, cfg: StudyConfig) -> 
                             np.asarray(csr[2], dtype=np.int64))
     info = {"positions": positions, "drafter_tokens_counted": int(d_counts.sum()),
             "drafter_tokens_seen": int((d_counts > 0).sum()), "prior_alpha": 0.5, "affinity": infos}
-    return Calibration(ranking, unigram_prior(t_counts, 0.5), affinities, info)
+    structure = next((e.structure for e in estimators.values() if hasattr(e, "structure")), None)
+    return Calibration(ranking, unigram_prior(t_counts, 0.5), affinities, info, structure)
 
 
-def heldout_pass(models, texts, target_fn, drafter_fn, cal: Calibration, cfg: StudyConfig) -> tuple[list, int]:
-    """Running sums of alpha per (sampler, kept level); returns (rows, positions)."""
+def heldout_pass(models, texts, target_fn, drafter_fn, cal: Calibration, cfg: StudyConfig) -> tuple[list, int, dict]:
+    """alpha per position for every (sampler, kept level); returns (rows, positions, per-position arrays)."""
     d2t = np.asarray(models.d2t, dtype=np.int64)
     taylor = taylor_samplers(cal.prior, cfg.betas)
     levels = []
     for pct in sorted(set(cfg.kept_percent)):
         level = make_level(pct, cal.ranking, d2t)
         attach_samplers(level, taylor, cal.affinities, models.v_t)
+        if cal.structure is not None:
+            attach_slrs_bound(level, cal.structure, models.v_t)
         levels.append(level)
-    sums: dict = {}
+    per_position: dict = {}
     positions = 0
     for _, _, p, q in position_chunks(models, texts, target_fn, drafter_fn, cfg.positions, cfg,
                                       "held-out positions"):
         positions += p.shape[0]
         for level in levels:
             for key, a in level_alphas(p, q, level, DEFAULT_TOL).items():
-                acc = sums.setdefault((key, level.percent), [0.0, 0.0, level.kept])
-                acc[0] += float(a.sum())
-                acc[1] += float((a * a).sum())
-    rows = []
-    for (key, pct), (total, sq, kept) in sums.items():
-        mean = total / positions
-        var = max(sq / positions - mean * mean, 0.0)
+                per_position.setdefault((key, level.percent, level.kept), []).append(a)
+    rows, arrays = [], {}
+    for (key, pct, kept), parts in per_position.items():
+        a = np.concatenate(parts)
+        tli = np.concatenate(per_position[(("tli", None), pct, kept)])
         rows.append({"sampler": key[0], "beta": key[1] if key[0] == "rdk-taylor" else None,
                      "estimator": key[1] if key[0] == "rdk" else None, "kept_percent": pct, "kept": kept,
-                     "pruned_fraction": 1.0 - kept / models.v_d, "alpha": mean,
-                     "alpha_se": (var / positions) ** 0.5, "positions": positions})
-    return rows, positions
+                     "pruned_fraction": 1.0 - kept / models.v_d, "alpha": float(a.mean()),
+                     "alpha_se": standard_error(a), "delta_vs_tli": float((a - tli).mean()),
+                     "delta_vs_tli_se": standard_error(a - tli), "positions": positions})
+        arrays[f"{sampler_label(key)} @ {pct:g}%"] = a
+    return rows, positions, arrays
+
+
+def standard_error(a: np.ndarray) -> float:
+    """std / sqrt(n) of per-position values (population std, as the running sums gave before)."""
+    return float(a.std() / np.sqrt(a.size)) if a.size else float("nan")
 
 
 def vocabtrim_view(rows: list[dict], manifest: dict | None, gamma: int) -> None:
@@ -259,7 +273,7 @@ def run_study(cfg: StudyConfig) -> dict:
     models = resolve_models(cfg)
     target_fn, drafter_fn, logits_desc = logit_sources(models, cfg)
     cal = calibration_pass(models, calib_texts, target_fn, drafter_fn, cfg)
-    rows, positions = heldout_pass(models, held_texts, target_fn, drafter_fn, cal, cfg)
+    rows, positions, per_position = heldout_pass(models, held_texts, target_fn, drafter_fn, cal, cfg)
     manifest = models.bundle.manifest if models.bundle is not None else None
     vocabtrim_view(rows, manifest, cfg.gamma)
     rows.sort(key=lambda r: (r["sampler"], str(r["beta"]), str(r["estimator"]), r["kept_percent"]))
@@ -268,6 +282,8 @@ def run_study(cfg: StudyConfig) -> dict:
                       "target_vocab": models.v_t, "drafter_vocab": models.v_d,
                       "intersection": int((np.asarray(models.d2t) >= 0).sum())},
            "texts": text_desc, "logits": logits_desc, "calibration": cal.info, "heldout_positions": positions,
+           "max_alpha_se": max((r["alpha_se"] for r in rows), default=None),
            "elapsed_s": round(time.time() - t0, 1), "rows": rows}
     study_report.write(doc, Path(cfg.out))
+    np.savez_compressed(Path(cfg.out) / "alphas.npz", **per_position)
     return doc

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 CSV_FIELDS = ("sampler", "beta", "estimator", "kept_percent", "kept", "pruned_fraction", "alpha", "alpha_se",
-              "positions", "tau", "c_params", "mbsu_params")
+              "delta_vs_tli", "delta_vs_tli_se", "positions", "tau", "c_params", "mbsu_params")
 
 
 def settings(cfg) -> dict:
@@ -24,6 +24,8 @@ def _label(r: dict) -> str:
         return f"rdk-taylor β={r['beta']:g}"
     if r["sampler"] == "rdk":
         return f"rdk M={r['estimator']}"
+    if r["sampler"] == "slrs-bound":
+        return "SLRS upper bound (any lookahead)"
     return r["sampler"]
 
 
@@ -46,14 +48,15 @@ def write(doc: dict, out: Path) -> dict:
 
 
 def table(doc: dict) -> str:
-    """alpha per sampler (rows) and kept percentage (columns), markdown."""
+    """alpha ± its standard error per sampler (rows) and kept percentage (columns), markdown."""
     pcts = sorted({r["kept_percent"] for r in doc["rows"]})
     labels = list(dict.fromkeys(_label(r) for r in doc["rows"]))
-    cell = {(_label(r), r["kept_percent"]): r["alpha"] for r in doc["rows"]}
+    cell = {(_label(r), r["kept_percent"]): r for r in doc["rows"]}
     lines = ["| sampler | " + " | ".join(f"K={p:g}%" for p in pcts) + " |", "|---|" + "---|" * len(pcts)]
     for lab in labels:
         vals = [cell.get((lab, p)) for p in pcts]
-        lines.append(f"| {lab} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in vals) + " |")
+        lines.append(f"| {lab} | " + " | ".join("-" if r is None else f"{r['alpha']:.3f} ± {r['alpha_se']:.3f}"
+                                                for r in vals) + " |")
     return "\n".join(lines)
 
 
@@ -76,8 +79,13 @@ def _style(r: dict, shade: float) -> dict:
         return {"color": "grey", "ls": ":", "marker": "x"}
     if r["sampler"] == "tli":
         return {"color": "black", "ls": "-", "marker": "o"}
+    if r["sampler"] == "union":
+        return {"color": "grey", "ls": "--", "marker": "v"}
+    if r["sampler"] == "slrs-bound":
+        return {"color": "tab:red", "ls": ":", "marker": "*"}
     if r["sampler"] == "rdk":
-        return {"color": "tab:blue" if r["estimator"] == "cooc" else "tab:green", "ls": "-", "marker": "s"}
+        colors = {"cooc": "tab:blue", "cov": "tab:green", "prefix": "tab:purple", "first": "tab:brown"}
+        return {"color": colors.get(r["estimator"], "tab:cyan"), "ls": "-", "marker": "s"}
     import matplotlib.cm as cm  # lazy: optional, as in plots()
 
     return {"color": cm.autumn(shade), "ls": "-" if r["beta"] == 1 else "--", "marker": "^"}

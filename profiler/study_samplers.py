@@ -5,11 +5,20 @@ For one kept set S of drafter columns (a `KeptLevel`) and one position with targ
 over target ids and the expected acceptance alpha = sum_x min(p(x), d(x)) (RDK paper, Def. 2.1):
 
 - `masked`:     q restricted to S ∩ T and mapped to target ids, NOT renormalised (mass lost to pruning);
+- `union`:      the pruned drafter's own law q_S = q|S / q(S), restricted to T, NOT renormalised over T:
+                the "union" baseline (heterogeneous-vocabularies paper, Alg. 1 / Thm. 4.1, q_1); equal
+                to `masked` at 100 % kept. Theorem 4.1: union <= tli;
 - `tli`:        the same, renormalised (TLI, what the runtime's `tli`/`sd` sample from; runtime.tli.tli_rows);
 - `rdk-taylor`: Eq. 3 on the TLI distribution with the target prior and strength beta
                 (edgespec.runtime.rdk.RdkTaylor: the runtime's own function);
 - `rdk`:        M^T q' with the affinity M restricted to the rows of S
-                (edgespec.runtime.rdk.rdk_distribution with the runtime's default tolerance).
+                (edgespec.runtime.rdk.rdk_distribution with the runtime's default tolerance), as the
+                runtime's `rdk`; for the structural `prefix`/`first` M (calibrate/prefix_affinity.py),
+                whose rows also cover drafter tokens outside T, M^T q_S over ALL kept columns (the
+                runtime would need q_S fed to RDK for these). M = first is SLRS with one drafter token
+                of lookahead (psi_1);
+- `slrs-bound`: NOT a sampler: an upper bound on the acceptance of SLRS with ANY lookahead
+                (`slrs_upper_bound`), where drafter tokens some target token extends may be re-mapped.
 All functions work on a chunk of positions [s, V] and never on [positions x V].
 """
 from __future__ import annotations
@@ -22,6 +31,9 @@ from edgespec.runtime.rdk import Affinity, RdkTaylor, rdk_distribution
 from edgespec.runtime.tli import tli_rows
 
 
+ALL_COLUMN_ESTIMATORS = ("prefix", "first")      # M with rows outside T: fed q_S, not q'
+
+
 @dataclass
 class KeptLevel:
     percent: float
@@ -32,6 +44,7 @@ class KeptLevel:
     unique: bool                    # no two valid columns share a target id
     taylor: dict = field(default_factory=dict)      # beta -> RdkTaylor
     affinity: dict = field(default_factory=dict)    # estimator -> Affinity over the rows of `cols`
+    slrs: dict | None = None                        # arrays for slrs_upper_bound (attach_slrs_bound)
 
 
 def make_level(percent: float, ranking: np.ndarray, d2t: np.ndarray) -> KeptLevel:
@@ -67,6 +80,34 @@ def attach_samplers(level: KeptLevel, taylor: dict, affinities: dict, n_target: 
         level.affinity[name] = Affinity.from_csr(data, indices, indptr, (level.cols.size, n_target))
 
 
+def attach_slrs_bound(level: KeptLevel, structure, n_target: int) -> None:
+    """Per kept column: its first target token if no target token extends it (fixed under any lookahead),
+    and the set C of target ids the extended kept columns can still turn into."""
+    canon = structure.canonical[level.cols]
+    ext = structure.extended[level.cols]
+    first = structure.first[level.cols]
+    kept_ext_canon = np.zeros(structure.canonical.size, dtype=bool)
+    kept_ext_canon[canon[ext]] = True
+    reach = np.zeros(n_target, dtype=bool)
+    reach[structure.extends_rows[kept_ext_canon[structure.extends_ids]]] = True
+    reach[first[ext & (first >= 0)]] = True
+    fixed = (~ext) & (first >= 0)
+    level.slrs = {"fixed_pos": np.flatnonzero(fixed), "fixed_first": first[fixed],
+                  "ext_pos": np.flatnonzero(ext), "reach": reach}
+
+
+def slrs_upper_bound(p: np.ndarray, q_s: np.ndarray, slrs: dict) -> np.ndarray:
+    """sum_t min(p, psi_fixed) + min(A, sum_{t in C} (p - psi_fixed)_+) per row: psi_fixed = the first-token
+    law of the columns no lookahead can change, A = q_S mass on the extended columns, C = what they can
+    become. Any SLRS psi = psi_fixed + (mass A spread over C), and min(p, a + b) <= min(p, a) + min((p - a)_+, b)."""
+    fixed = np.zeros_like(p)
+    for i in range(p.shape[0]):
+        fixed[i] = np.bincount(slrs["fixed_first"], weights=q_s[i, slrs["fixed_pos"]], minlength=p.shape[1])
+    extended_mass = q_s[:, slrs["ext_pos"]].sum(axis=1)
+    room = np.where(slrs["reach"][None, :], np.maximum(p - fixed, 0.0), 0.0).sum(axis=1)
+    return np.minimum(1.0, overlap(p, fixed) + np.minimum(extended_mass, room))
+
+
 def overlap(p: np.ndarray, d: np.ndarray) -> np.ndarray:
     """sum_x min(p, d) per row."""
     return np.minimum(p, d).sum(axis=1)
@@ -78,19 +119,26 @@ def level_alphas(p: np.ndarray, q: np.ndarray, level: KeptLevel, tol: float) -> 
     kept_q = q[:, level.valid_cols]
     ok = kept_q.sum(axis=1) > 0                                   # rows with mass left on S ∩ T
     tli, masked = tli_rows(kept_q, level.target_ids, probs=True, dtype=np.float64, n_target=n_target, masked=True)
+    mass_s = q[:, level.cols].sum(axis=1)
     out = {("masked", None): overlap(p, masked)}
+    out[("union", None)] = overlap(p, masked / np.maximum(mass_s, 1e-300)[:, None])
     out[("tli", None)] = np.where(ok, overlap(p, tli), 0.0)
     for beta, taylor in level.taylor.items():
         d = np.stack([taylor(tli[i]) if ok[i] else np.zeros(n_target) for i in range(p.shape[0])])
         out[("rdk-taylor", beta)] = overlap(p, d)
-    if level.affinity:
-        pos = np.searchsorted(level.cols, level.valid_cols)       # valid columns' rows in M_S
-        q_kept = np.zeros((p.shape[0], level.cols.size))
-        q_kept[:, pos] = tli_rows(kept_q, level.target_ids, probs=True, dtype=np.float64)
-        for name, m in level.affinity.items():
-            d = np.stack([rdk_distribution(q_kept[i], m, tol=tol) if ok[i] else np.zeros(n_target)
-                          for i in range(p.shape[0])])
-            out[("rdk", name)] = overlap(p, d)
+    q_s = q[:, level.cols] / np.maximum(mass_s, 1e-300)[:, None]   # the pruned drafter's law over S
+    q_tli = np.zeros_like(q_s)
+    q_tli[:, np.searchsorted(level.cols, level.valid_cols)] = tli_rows(kept_q, level.target_ids, probs=True,
+                                                                       dtype=np.float64)
+    for name, m in level.affinity.items():
+        # the runtime's RDK reads the TLI q'; the structural M also has rows outside T and reads q_S
+        q_in = q_s if name in ALL_COLUMN_ESTIMATORS else q_tli
+        q_rows = np.where((np.diff(m.indptr) > 0)[None, :], q_in, 0.0)    # columns M has a row for
+        d = np.stack([rdk_distribution(q_rows[i], m, tol=tol) if q_rows[i].sum() > 0 else np.zeros(n_target)
+                      for i in range(p.shape[0])])
+        out[("rdk", name)] = overlap(p, d)
+    if level.slrs is not None:
+        out[("slrs-bound", None)] = slrs_upper_bound(p, q_s, level.slrs)
     return out
 
 
@@ -100,4 +148,6 @@ def sampler_label(key: tuple) -> str:
         return f"rdk-taylor β={arg:g}"
     if name == "rdk":
         return f"rdk M={arg}"
+    if name == "slrs-bound":
+        return "SLRS upper bound (any lookahead)"
     return name

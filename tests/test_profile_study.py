@@ -95,7 +95,7 @@ def test_study_on_tiny_bundles(tiny_self_bundle, tiny_same_bundle, tiny_export_c
                 calib_positions=60, max_len=48, export_cache=tiny_export_cache, progress=False)
     doc = run_study(StudyConfig(out=tmp_path / "self", bundle=tiny_self_bundle, **base))
     rows = {(r["sampler"], r["beta"], r["estimator"], r["kept_percent"]): r for r in doc["rows"]}
-    assert len(rows) == 3 * (2 + 2 + 2)                 # masked, tli, 2 betas, 2 estimators at 3 sizes
+    assert len(rows) == 3 * (3 + 2 + 2)                 # masked, union, tli, 2 betas, 2 estimators at 3 sizes
     assert "drafter = target graph" in doc["logits"]
     for r in doc["rows"]:
         assert 0.0 <= r["alpha"] <= 1.0 + 1e-9 and r["positions"] == doc["heldout_positions"] > 0
