@@ -42,7 +42,6 @@ META = "edgespec-export.json"
 CHECK_SEED = 1234
 CHECK_PREFILL = 12
 CHECK_DECODE = 4
-TWO_GB = 2 * 1024**3
 
 
 @dataclass

@@ -363,10 +363,3 @@ def _logical_params(t, uses, floats) -> int:
     if any(op in ("MatMulInteger", "DynamicQuantizeMatMul") and idx == 1 for op, idx in roles):
         return numel
     return 0
-
-
-def file_size(onnx_path) -> int:
-    p = Path(onnx_path)
-    data = p.with_name(p.name + ".data")
-    return p.stat().st_size + (data.stat().st_size if data.is_file() else 0)
-

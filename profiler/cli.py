@@ -11,7 +11,7 @@ from edgespec.profiler.bench import parse_options
 from edgespec.profiler.demo import register_demo as _register_demo
 from edgespec.profiler.report import lossless_line, table
 from edgespec.profiler.settings import AUTO, DEFAULT_MAX_DRAFT_LENGTH, BenchSettings
-from edgespec.profiler.study_cli import register_acceptance
+from edgespec.profiler.study_cli import add_bundle_and_prompts, register_acceptance, register_randomised, register_synthetic
 
 BENCH_EPILOG = """\
 outputs in REPORT/: report.json (schema: docs/report-schema.md), report.md, speedup_mbsu.png,
@@ -66,10 +66,7 @@ def register_bench(subparsers) -> None:
                               description="Benchmark a bundle: ar against each (strategy, draft length), interleaved "
                                           "per prompt, on one execution provider.",
                               epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", type=Path, required=True, help="bundle directory")
-    p.add_argument("--prompts", default="humaneval", help="humaneval or FILE.jsonl (Spec-Bench or HumanEval layout)")
-    p.add_argument("--split", help="calib, test or all (default: test for humaneval, never its calibration prompts; all for a "
-                        "FILE.jsonl)")
+    add_bundle_and_prompts(p, "bundle directory")
     p.add_argument("--category", type=_csv, help="comma-separated categories to keep (default all)")
     p.add_argument("--limit", type=int, help="at most this many prompts")
     p.add_argument("--strategies", type=_csv, default=["ar", "tli"],
@@ -131,6 +128,8 @@ def register_study(subparsers) -> None:
     p = subparsers.add_parser("study", help="offline studies (acceptance recovery under vocabulary pruning)")
     sub = p.add_subparsers(dest="study", metavar="STUDY", required=True)
     register_acceptance(sub, _csv, _float_list, _command)
+    register_synthetic(sub, _csv, _float_list, _command)
+    register_randomised(sub, _csv, _float_list, _command)
 
 
 # --------------------------------------------------------------------------- demo

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime import ngram, rdk, slem
+from edgespec.runtime import ngram, rdk, slem, slrs
 from edgespec.runtime.rounds import accept_tokens, draft_tokens
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.tli import kept_columns, tli_distribution, tli_greedy
@@ -111,6 +111,8 @@ for _s in (
     Strategy("slem", "String-Level Exact Match (heterogeneous-vocabularies paper, Algorithm 2; any temperature)",
              prepare=slem.prepare, distribution=None, greedy=None, propose=slem.propose, accept=slem.accept,
              options=("slem_lookbehind", "slem_max_proposal")),
+    Strategy("slrs1", "SLRS with one drafter token of lookahead (heterogeneous-vocabularies paper, Algorithm 3)",
+             prepare=slrs.prepare, greedy=slrs.greedy, check=slrs.check),
 ):
     register(_s)
 

@@ -11,7 +11,7 @@ from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime import rounds as rounds_module
 from edgespec.runtime import slrs
 from edgespec.runtime.sampling import SamplingParams, sample
-from edgespec.runtime.strategies import STRATEGIES, Strategy, register
+from edgespec.runtime.strategies import STRATEGIES
 from edgespec.runtime.tli import tli_distribution
 from edgespec.runtime.vocab import token_table
 
@@ -20,14 +20,8 @@ PROMPT = "The quick brown fox. The quick brown"
 
 @pytest.fixture
 def slrs1():
-    had = STRATEGIES.get("slrs1")
-    register(Strategy("slrs1", "SLRS, one drafter token of lookahead (heterogeneous-vocabularies paper, Alg. 3)",
-                      prepare=slrs.prepare, greedy=slrs.greedy, check=slrs.check))
-    yield
-    if had is None:
-        STRATEGIES.pop("slrs1")
-    else:
-        register(had)
+    """The registered strategy (runtime/strategies.py), not a test-local copy."""
+    assert STRATEGIES["slrs1"].greedy is slrs.greedy and STRATEGIES["slrs1"].prepare is slrs.prepare
 
 
 def test_first_token_map_is_the_longest_target_prefix(tiny_hetero_bundle):
