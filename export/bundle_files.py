@@ -254,7 +254,9 @@ def _make_fast_tokenizer(hf_dir: Path, dst: Path) -> None:
     try:
         from transformers import AutoTokenizer  # lazy: the [export] extra, only for a model without tokenizer.json
 
-        tok = AutoTokenizer.from_pretrained(str(hf_dir), use_fast=True)
+        # fix_mistral_regex=False: transformers' "incorrect regex pattern" warning is false for the
+        # tokenizers we ship (Qwen2's pattern is right), as in calibrate/generate.py.
+        tok = AutoTokenizer.from_pretrained(str(hf_dir), use_fast=True, fix_mistral_regex=False)
         tok.save_pretrained(str(dst))
     except Exception as exc:
         raise ExportError(f"{hf_dir} has no tokenizer.json and its tokenizer cannot be converted: {exc}") from exc
