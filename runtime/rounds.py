@@ -185,6 +185,7 @@ class Generation:
         self.last = -1
         self.id = generation_id
         self.ngram_found: list[int] | None = None      # ngram.source's lookup, for this round's propose
+        self.ngram_hit_rate, self.ngram_plain = 1.0, False   # ngram-tli's lookup mode (ngram.py)
         self.stats = GenerationStats(strategy=dec.strategy.name, draft_length=dec.draft_length,
                                      draft_length_setting=dec.draft_length_setting if dec.draft_length else 0,
                                      prompt_tokens=len(prompt_ids), providers=dec.providers)

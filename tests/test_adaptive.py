@@ -48,9 +48,10 @@ def test_the_governor_falls_back_and_reprobes():
 
 def test_lookup_finds_the_latest_longest_match():
     h = np.array([5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3])
-    assert lookup(h, 4, 3) == [7, 8, 1]          # the latest occurrence of [1, 2, 3]
-    assert lookup(h, 1, 2) == [7, 8]
-    assert lookup(np.array([4, 5, 6]), 4, 3) == []
+    assert lookup(h, 4, 3) == ([7, 8, 1], 3)     # the latest occurrence of [1, 2, 3]
+    assert lookup(h, 1, 2) == ([7, 8], 1)
+    assert lookup(h, 4, 3, min_n=4) == ([], 0)
+    assert lookup(np.array([4, 5, 6]), 4, 3) == ([], 0)
 
 
 # Ids 20..499 in order: most first tokens occur in it once, followed by their successor, so prompt
@@ -135,3 +136,22 @@ def test_ngram_tli_auto_keeps_one_governor_per_proposer(tiny_self_bundle):
     assert set(dec.source_governors) <= {"ngram", "drafter"} and dec.source_governors
     assert dec.governor_for(None) is dec.governor and dec.governor_for("ngram") is dec.governor_for("ngram")
     assert SpeculativeDecoder(tiny_self_bundle, strategy="ngram-tli", threads=1).governor_for("ngram") is None
+
+
+def test_ngram_tli_switches_between_lookup_and_drafter_mode():
+    from types import SimpleNamespace
+    from edgespec.runtime import ngram
+    # history ends in 9; 9 occurred once before (followed by 4): a 1-token match only
+    gen = SimpleNamespace(dec=SimpleNamespace(options={}, draft_length=3), prompt_ids=[9, 4, 5, 6, 7, 9],
+                          generated=[], drafter=object(), ngram_hit_rate=1.0, ngram_plain=False, ngram_found=None)
+    assert ngram.source(gen) == "ngram" and gen.ngram_found == [4, 5, 6]   # lookup mode takes a 1-token match
+    gen.prompt_ids = [1, 2, 3]                                               # no match at all
+    assert ngram.source(gen) == "ngram" and gen.ngram_found == [] and gen.ngram_plain   # a plain step, no drafter
+    while gen.ngram_hit_rate >= ngram.LOOKUP_MODE:
+        ngram.source(gen)
+    assert ngram.source(gen) == "drafter" and not gen.ngram_plain             # matches are rare: the drafter
+    gen.prompt_ids = [9, 4, 5, 6, 7, 9]
+    assert ngram.source(gen) == "drafter"                                    # a 1-token match is not enough now
+    gen.prompt_ids = [8, 9, 4, 5, 6, 8, 9]
+    assert ngram.source(gen) == "ngram" and gen.ngram_found == [4, 5, 6]     # a 2-token match is
+    assert ngram.source(SimpleNamespace(**{**vars(gen), "drafter": None})) == "ngram"   # plain ngram: lookup only
