@@ -1,12 +1,14 @@
 """draft_length="auto" (the governor), the confidence stop, prompt lookup (`ngram`, `ngram-tli`) and
 strategy="auto": greedy identity with `ar`, the target's law at T > 0 (with a negative control), and
 one-line errors for bad settings."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
 from edgespec.errors import GenerationError
-from edgespec.runtime import Bundle, SpeculativeDecoder
+from edgespec.runtime import Bundle, SpeculativeDecoder, ngram
 from edgespec.runtime import rounds as rounds_module
 from edgespec.runtime.governor import Governor
 from edgespec.runtime.ngram import lookup
@@ -61,6 +63,7 @@ LOOKUP_PROMPT = list(range(20, 500))
 
 @pytest.mark.parametrize("cfg, prompt", [
     (dict(strategy="ngram", ngram_max_n=1), LOOKUP_PROMPT),
+    (dict(strategy="ngram-tli", ngram_max_n=1), LOOKUP_PROMPT),    # lookup mode, then the drafter
     (dict(strategy="tli", draft_length="auto", draft_confidence=0.3), None),
 ])
 def test_samples_the_target_distribution(tiny_self_bundle, cfg, prompt):
@@ -78,11 +81,12 @@ def _verify_accepting_everything(p, q, drafts, rng, a=1.0, terminal_nodraft=Fals
     return len(drafts), sample(p[len(drafts)], rng)
 
 
-def test_broken_verifier_fails_with_prompt_lookup(tiny_self_bundle, monkeypatch):
+@pytest.mark.parametrize("strategy", ["ngram", "ngram-tli"])
+def test_broken_verifier_fails_with_prompt_lookup(tiny_self_bundle, monkeypatch, strategy):
     """Negative control: the same test catches a verifier that accepts every draft."""
     monkeypatch.setattr(rounds_module, "verify_sampled", _verify_accepting_everything)
     b = Bundle.load(tiny_self_bundle)
-    dec = SpeculativeDecoder(b, strategy="ngram", ngram_max_n=1, threads=1)
+    dec = SpeculativeDecoder(b, strategy=strategy, ngram_max_n=1, threads=1)
     samples = sample_tokens(dec, LOOKUP_PROMPT, 2000, 0, SamplingParams(temperature=1.0))
     pvals = check_lossless(dec, b, LOOKUP_PROMPT, samples=samples)
     assert min(pvals["x2"], pvals["x3|x1x2"]) < ALPHA, pvals
@@ -139,8 +143,6 @@ def test_ngram_tli_auto_keeps_one_governor_per_proposer(tiny_self_bundle):
 
 
 def test_ngram_tli_switches_between_lookup_and_drafter_mode():
-    from types import SimpleNamespace
-    from edgespec.runtime import ngram
     # history ends in 9; 9 occurred once before (followed by 4): a 1-token match only
     gen = SimpleNamespace(dec=SimpleNamespace(options={}, draft_length=3), prompt_ids=[9, 4, 5, 6, 7, 9],
                           generated=[], drafter=object(), ngram_hit_rate=1.0, ngram_plain=False, ngram_found=None)
