@@ -389,6 +389,8 @@ def check_generation_args(max_new_tokens, temperature, top_k, top_p, seed, stop)
 def _stop_strings(stop) -> list[str]:
     if stop is None:
         return []
+    if not isinstance(stop, (str, list, tuple)):      # an int, a dict, a bare iterator: not a stop list
+        raise GenerationError(f"stop must be a non-empty string or a list of non-empty strings, got {stop!r}")
     items = [stop] if isinstance(stop, str) else list(stop)
     if not all(isinstance(s, str) and s for s in items):
         raise GenerationError("stop must be a non-empty string or a list of non-empty strings")
