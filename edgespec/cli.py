@@ -18,6 +18,7 @@ _COMMAND_MODULES = [
     "edgespec.runtime.cli",     # generate
     "edgespec.calibrate.cli",   # calibrate
     "edgespec.profiler.cli",     # bench, study, demo-report
+    "edgespec.serve.cli",       # serve, chat
 ]
 
 

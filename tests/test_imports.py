@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "optimum")
 # Layer of each package (a module may import its own layer and the layers below it).
-LAYERS = {"edgespec": 0, "edgespec.runtime": 1, "edgespec.models": 1, "edgespec.export": 2, "edgespec.calibrate": 3,
+LAYERS = {"edgespec": 0, "edgespec.runtime": 1, "edgespec.models": 1, "edgespec.export": 2, "edgespec.serve": 2,
+          "edgespec.calibrate": 3,
           "edgespec.profiler": 4, "edgespec.cli": 5, "edgespec.__main__": 5}
 SCRIPTS = {"edgespec.__main__"}          # runs the CLI when imported: not imported here
 CHILD = ("import importlib, json, sys; importlib.import_module(sys.argv[1]); "

@@ -1,0 +1,1 @@
+"""edgespec.serve: an OpenAI-compatible local server (`edgespec serve`) and an interactive chat (`edgespec chat`)."""

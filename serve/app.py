@@ -1,0 +1,218 @@
+"""The ASGI app (starlette): OpenAI routes over one `Worker`.
+
+GET /health (no key needed; answers while a generation runs), GET /v1/models, POST /v1/chat/completions,
+POST /v1/completions, plain and streamed (SSE, ending in `data: [DONE]`). Every error is OpenAI's
+shape. A request is checked and tokenised here, then queued; a streamed response starts once its
+generation does, so queue and start errors are still plain HTTP statuses.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from edgespec.errors import EdgespecError
+from edgespec.serve import protocol
+from edgespec.serve.protocol import APIError
+from edgespec.serve.worker import Job, Outcome, Worker
+
+
+@dataclass
+class Settings:
+    model: str                        # the name /v1/models lists and requests must name
+    api_key: str | None = None
+    max_body: int = 1 << 20           # bytes
+    max_tokens_cap: int = 1024
+    timeout: float = 300.0            # seconds per request, queue wait included
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def build_app(worker: Worker, settings: Settings) -> Starlette:
+    dec = worker.dec
+    context = int(dec.bundle.target.info.get("max_position") or 0) or None
+
+    def authorize(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+            raise APIError(401, "Incorrect API key provided" if auth else
+                           "You didn't provide an API key: send it as 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+
+    async def read_json(request: Request):
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > settings.max_body:
+            raise APIError(413, f"the request body ({size} bytes) is over the server's limit of {settings.max_body} "
+                                "bytes", code="request_too_large")
+        chunks, total = [], 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > settings.max_body:
+                raise APIError(413, f"the request body is over the server's limit of {settings.max_body} bytes",
+                               code="request_too_large")
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
+
+    def encode(req: protocol.Request) -> list[int]:
+        if req.kind == "chat":
+            if not dec.bundle.chat_template:
+                raise APIError(400, f"the bundle behind '{settings.model}' has no chat template: use /v1/completions",
+                               param="messages")
+            ids = dec.encode_prompt(req.prompt, chat=True)
+        else:
+            ids = dec.encode_prompt(req.prompt)
+        return ids
+
+    def budget(req: protocol.Request, n_prompt: int) -> int:
+        room = (context - n_prompt) if context else None
+        if req.max_tokens is None:
+            n = settings.max_tokens_cap if room is None else min(settings.max_tokens_cap, room)
+        else:
+            n = min(req.max_tokens, settings.max_tokens_cap)
+        if room is not None and (room < 1 or n > room):
+            asked = req.max_tokens if req.max_tokens is not None else 1
+            raise APIError(400, f"This model's maximum context length is {context} tokens. However, you requested "
+                                f"{n_prompt + min(asked, settings.max_tokens_cap)} tokens ({n_prompt} in the prompt, "
+                                f"{min(asked, settings.max_tokens_cap)} for the completion)",
+                           param="messages" if req.kind == "chat" else "prompt", code="context_length_exceeded")
+        return n
+
+    async def until_disconnect(request: Request) -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    async def next_event(job: Job, request: Request):
+        """The job's next event, or None if the client went away first (the job is then cancelled)."""
+        get = asyncio.ensure_future(job.events.get())
+        gone = asyncio.ensure_future(until_disconnect(request))
+        done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if get in done:
+            return get.result()
+        get.cancel()
+        job.cancel("disconnect")
+        return None
+
+    async def complete(request: Request, kind: str):
+        try:
+            authorize(request)
+            body = await read_json(request)
+            req = (protocol.parse_chat if kind == "chat" else protocol.parse_completion)(body, settings.model)
+            try:
+                ids = await run_in_threadpool(encode, req)
+            except EdgespecError as exc:
+                raise APIError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
+            n = budget(req, len(ids))
+            job = Job(ids, dict(max_new_tokens=n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                                seed=req.seed, stop=req.stop or None),
+                      time.monotonic() + settings.timeout, asyncio.get_running_loop())
+            worker.submit(job)
+        except APIError as err:
+            return error_response(err)
+        try:
+            first = await next_event(job, request)
+            while first is not None and first[0] == "delta":      # not possible before "start"; defensive
+                first = await next_event(job, request)
+        except asyncio.CancelledError:
+            job.cancel("disconnect")
+            raise
+        if first is None:
+            return JSONResponse({}, status_code=499)
+        if first[0] == "error":
+            return error_response(first[1])
+        rid = protocol.new_id(kind)
+        if req.stream:
+            return StreamingResponse(sse(job, req, rid), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        while True:
+            event = await next_event(job, request)
+            if event is None:
+                return JSONResponse({}, status_code=499)
+            if event[0] == "error":
+                return error_response(event[1])
+            if event[0] == "done":
+                out: Outcome = event[1]
+                return JSONResponse(protocol.full_body(req, rid, settings.model, out.text,
+                                                       protocol.finish_reason(out.stop_reason),
+                                                       protocol.usage(out.prompt_tokens, out.completion_tokens),
+                                                       out.ext))
+
+    async def sse(job: Job, req: protocol.Request, rid: str):
+        created = int(time.time())
+
+        def data(obj) -> str:
+            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        try:
+            if req.kind == "chat":
+                yield data(protocol.chunk_body(req, rid, settings.model, created, None, first=True))
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "delta":
+                    yield data(protocol.chunk_body(req, rid, settings.model, created, payload))
+                elif kind == "error":
+                    yield data(payload.body())
+                    break
+                elif kind == "done":
+                    out: Outcome = payload
+                    last = protocol.chunk_body(req, rid, settings.model, created, None,
+                                               protocol.finish_reason(out.stop_reason))
+                    last["edgespec"] = out.ext
+                    yield data(last)
+                    if req.include_usage:
+                        yield data({"id": rid, "object": last["object"], "created": created, "model": settings.model,
+                                    "choices": [], "usage": protocol.usage(out.prompt_tokens, out.completion_tokens),
+                                    "system_fingerprint": None, "edgespec": out.ext})
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancel("disconnect")        # no-op once done; stops the generation if the client left
+
+    async def health(request: Request):
+        return JSONResponse({"status": "shutting_down" if worker.closing else "ok", "model": settings.model,
+                             "busy": worker.busy, "queued": worker.queued, "served": worker.served,
+                             "last": worker.last})
+
+    async def models(request: Request):
+        try:
+            authorize(request)
+        except APIError as err:
+            return error_response(err)
+        return JSONResponse({"object": "list", "data": [{"id": settings.model, "object": "model",
+                                                         "created": int(dec.bundle.path.stat().st_mtime),
+                                                         "owned_by": "edgespec"}]})
+
+    async def chat(request: Request):
+        return await complete(request, "chat")
+
+    async def completions(request: Request):
+        return await complete(request, "completion")
+
+    async def http_error(request: Request, exc: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                       code=code))
+
+    routes = [Route("/health", health, methods=["GET"]), Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route("/v1/completions", completions, methods=["POST"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

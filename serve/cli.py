@@ -1,0 +1,69 @@
+"""`edgespec serve` (an OpenAI-compatible local server; the [serve] extra) and `edgespec chat`
+(an interactive chat in the terminal; runtime only)."""
+from __future__ import annotations
+
+import argparse
+
+
+def _draft_length(value: str):
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {value!r}") from None
+
+
+def _decoder_args(p) -> None:
+    p.add_argument("--bundle", required=True, metavar="DIR", help="bundle directory (from `edgespec export`)")
+    p.add_argument("--strategy", default="auto", help="decoding strategy (default auto; see `edgespec generate -h`)")
+    p.add_argument("--draft-length", type=_draft_length, default="auto", metavar="K|auto",
+                   help="draft tokens per verify (default auto: chosen per round)")
+    p.add_argument("--ep", default="cpu", help="execution provider, as in `edgespec generate` (default cpu)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads per session (default: measured policy)")
+    p.add_argument("--verify", default="fast", choices=["full", "fast", "none"], help="bundle file checks (default fast)")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve a bundle over an OpenAI-compatible HTTP API (needs the [serve] extra)",
+        description="An OpenAI-compatible local server: GET /v1/models, POST /v1/chat/completions and "
+                    "/v1/completions (plain and streamed), GET /health. One decoder serves the requests one at "
+                    "a time, first come first served.")
+    _decoder_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every route but /health (default: $EDGESPEC_API_KEY)")
+    p.add_argument("--model-name", default=None, metavar="NAME", help="model name to serve as (default: the bundle "
+                                                                      "directory's name)")
+    p.add_argument("--max-queue", type=int, default=16, metavar="N",
+                   help="requests that may wait behind the running one (default 16); more get 429 + Retry-After")
+    p.add_argument("--max-tokens-cap", type=int, default=1024, metavar="N",
+                   help="the most tokens one request generates (default 1024)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="seconds a request may take, queue wait included (default 300)")
+    p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES", help="largest request body (default 1 MiB)")
+    p.set_defaults(func=_serve)
+
+    c = subparsers.add_parser(
+        "chat", help="chat with a bundle in the terminal (streaming; /reset, /stats, Ctrl-C stops a reply)",
+        description="An interactive chat using the bundle's chat template. Commands: /reset, /stats, /help, /exit.")
+    _decoder_args(c)
+    c.add_argument("--system", default=None, metavar="TEXT", help="a system message to start each conversation")
+    c.add_argument("--max-new-tokens", type=int, default=512, metavar="N", help="per reply (default 512)")
+    c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    c.add_argument("--top-p", type=float, default=None)
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--stats", action="store_true", help="print acceptance and tok/s after each reply (to stderr)")
+    c.set_defaults(func=_chat)
+
+
+def _serve(args) -> int:
+    from edgespec.serve.server import serve      # lazy: keeps `edgespec --help` light
+    return serve(args)
+
+
+def _chat(args) -> int:
+    from edgespec.serve.chat import run_chat
+    return run_chat(args)

@@ -1,0 +1,268 @@
+"""OpenAI request checking and response bodies (chat completions and completions), no HTTP here.
+
+`parse_chat(body, ...)` / `parse_completion(body, ...)` turn a decoded JSON body into a `Request`, or
+raise `APIError` (status, one-line message, the offending `param`) that the app sends in OpenAI's
+error shape: {"error": {"message", "type", "param", "code"}}. Every field the runtime cannot honour
+(n > 1, logprobs, tools, response_format other than text, penalties, ...) is refused by name, and so
+is any field this server does not know: nothing is ignored silently.
+"""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+MAX_STOP = 4          # as OpenAI: up to 4 stop sequences
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+# Fields a client may send whose only honourable values are these (OpenAI's defaults).
+_DEFAULT_ONLY = {
+    "n": (1,), "logprobs": (False, None), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
+    "tool_choice": (None, "none"), "function_call": (None, "none"), "parallel_tool_calls": (None,),
+    "response_format": (None, {"type": "text"}), "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "store": (None, False),
+    "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
+    "web_search_options": (None,), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+    "service_tier": (None, "auto", "default"),
+}
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+           "user", "metadata"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"} | (set(_DEFAULT_ONLY) - {"echo", "best_of", "suffix"})
+COMPLETION_FIELDS = _COMMON | {"prompt", "n", "logprobs", "echo", "best_of", "suffix", "presence_penalty",
+                               "frequency_penalty", "logit_bias"}
+
+
+class APIError(Exception):
+    """An HTTP error in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str | None = None, headers: dict | None = None):
+        super().__init__(" ".join(str(message).split()))
+        self.status, self.param, self.code, self.headers = status, param, code, headers or {}
+        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Request:
+    kind: str                         # "chat" | "completion"
+    prompt: object                    # chat: list of {"role", "content"}; completion: str or list of ids
+    max_tokens: int | None
+    temperature: float = 1.0          # OpenAI's default
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _bad(message: str, param: str, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _check_fields(body: dict, allowed: set[str]) -> None:
+    for key in body:
+        if key not in allowed:
+            raise _bad(f"Unrecognized request argument supplied: {key}", key, "unrecognized_argument")
+    for key, ok in _DEFAULT_ONLY.items():
+        if key in body and key in allowed and body[key] not in ok:
+            raise _bad(f"'{key}' = {_short(body[key])} is not supported by this server (edgespec generates one "
+                       f"plain-text choice); omit it", key, "unsupported_parameter")
+
+
+def _short(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _common(body: dict, model: str, kind: str, prompt) -> Request:
+    m = body.get("model")
+    if m is None:
+        raise _bad("you must provide a model parameter", "model")
+    if not isinstance(m, str):
+        raise _bad(f"'model' must be a string, got {type(m).__name__}", "model")
+    if m != model:
+        raise APIError(404, f"The model '{_short(m)[1:-1]}' does not exist; this server serves '{model}'",
+                       param="model", code="model_not_found")
+    req = Request(kind=kind, prompt=prompt, max_tokens=_max_tokens(body, kind))
+    t = body.get("temperature")
+    if t is not None:
+        if not _is_number(t) or not 0.0 <= t <= 2.0:
+            raise _bad(f"'temperature' must be a number in [0, 2], got {_short(t)}", "temperature")
+        req.temperature = float(t)
+    p = body.get("top_p")
+    if p is not None:
+        if not _is_number(p) or not 0.0 < p <= 1.0:
+            raise _bad(f"'top_p' must be a number in (0, 1], got {_short(p)}", "top_p")
+        req.top_p = float(p) if p < 1.0 else None
+    k = body.get("top_k")          # an extension (vLLM and llama.cpp take it too)
+    if k is not None:
+        if not _is_int(k) or k < 0:
+            raise _bad(f"'top_k' must be an integer >= 0, got {_short(k)}", "top_k")
+        req.top_k = k or None
+    s = body.get("seed")
+    if s is not None:
+        if not _is_int(s) or not 0 <= s < 2 ** 63:
+            raise _bad(f"'seed' must be an integer >= 0, got {_short(s)}", "seed")
+        req.seed = s
+    req.stop = _stop(body.get("stop"))
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad(f"'stream' must be a boolean, got {_short(stream)}", "stream")
+    req.stream = bool(stream)
+    so = body.get("stream_options")
+    if so is not None:
+        if not req.stream:
+            raise _bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
+        if not isinstance(so, dict) or set(so) - {"include_usage"} or not isinstance(so.get("include_usage", False), bool):
+            raise _bad("'stream_options' must be an object {\"include_usage\": bool}", "stream_options")
+        req.include_usage = bool(so.get("include_usage"))
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _bad(f"'user' must be a string, got {type(user).__name__}", "user")
+    meta = body.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise _bad(f"'metadata' must be an object, got {type(meta).__name__}", "metadata")
+    return req
+
+
+def _max_tokens(body: dict, kind: str) -> int | None:
+    names = [n for n in ("max_completion_tokens", "max_tokens") if body.get(n) is not None]
+    if kind == "completion":
+        names = [n for n in names if n == "max_tokens"]
+    if len(names) == 2 and body["max_tokens"] != body["max_completion_tokens"]:
+        raise _bad("give 'max_completion_tokens' or 'max_tokens', not both with different values", "max_tokens")
+    if not names:
+        return None
+    v = body[names[0]]
+    if not _is_int(v) or v < 1:
+        raise _bad(f"'{names[0]}' must be an integer >= 1, got {_short(v)}", names[0])
+    return v
+
+
+def _stop(stop) -> list[str]:
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise _bad(f"'stop' must be a string or a list of strings, got {_short(stop)}", "stop")
+    if len(items) > MAX_STOP:
+        raise _bad(f"'stop' takes at most {MAX_STOP} sequences, got {len(items)}", "stop")
+    if any(not s for s in items):
+        raise _bad("'stop' sequences must be non-empty strings", "stop")
+    return list(items)
+
+
+def parse_chat(body, model: str) -> Request:
+    if not isinstance(body, dict):
+        raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
+    _check_fields(body, CHAT_FIELDS)
+    msgs = body.get("messages")
+    if msgs is None:
+        raise _bad("'messages' is a required property", "messages")
+    if not isinstance(msgs, list):
+        raise _bad(f"'messages' must be an array of message objects, got {type(msgs).__name__}", "messages")
+    if not msgs:
+        raise _bad("'messages' must not be empty", "messages")
+    return _common(body, model, "chat", [_message(m, i) for i, m in enumerate(msgs)])
+
+
+def _message(m, i: int) -> dict:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise _bad(f"'{where}' must be an object with 'role' and 'content', got {type(m).__name__}", where)
+    for key in m:
+        if key not in ("role", "content"):
+            raise _bad(f"'{where}.{key}' is not supported by this server (messages take 'role' and 'content')",
+                       f"{where}.{key}", "unsupported_parameter")
+    role = m.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise _bad(f"'{where}.role' must be one of {', '.join(ROLES)}, got {_short(role)}", f"{where}.role")
+    content = m.get("content")
+    if isinstance(content, list):          # content parts: only text ones
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise _bad(f"'{where}.content[{j}]' must be a text part {{\"type\": \"text\", \"text\": ...}} "
+                           "(this server takes text only)", f"{where}.content")
+            texts.append(part["text"])
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise _bad(f"'{where}.content' must be a string or a list of text parts, got {_short(content)}",
+                   f"{where}.content")
+    return {"role": ROLES[role], "content": content}
+
+
+def parse_completion(body, model: str) -> Request:
+    if not isinstance(body, dict):
+        raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
+    _check_fields(body, COMPLETION_FIELDS)
+    p = body.get("prompt")
+    if p is None:
+        raise _bad("'prompt' is a required property", "prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]                           # a batch of one prompt
+    if isinstance(p, list):
+        if not p or not all(_is_int(t) and t >= 0 for t in p):
+            raise _bad("'prompt' must be a string or a list of token ids (one prompt: batches are not supported)",
+                       "prompt")
+    elif not isinstance(p, str):
+        raise _bad(f"'prompt' must be a string or a list of token ids, got {type(p).__name__}", "prompt")
+    if not p:
+        raise _bad("'prompt' must not be empty", "prompt")
+    return _common(body, model, "completion", p)
+
+
+# ---------------------------------------------------------------------------------- responses
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def finish_reason(stop_reason: str) -> str:
+    return "stop" if stop_reason in ("eos", "stop") else "length"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def full_body(req: Request, rid: str, model: str, text: str, reason: str, use: dict, ext: dict) -> dict:
+    if req.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                  "logprobs": None, "finish_reason": reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": use, "system_fingerprint": None, "edgespec": ext}
+
+
+def chunk_body(req: Request, rid: str, model: str, created: int, text: str | None, reason: str | None = None,
+               first: bool = False) -> dict:
+    if req.kind == "chat":
+        delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text is not None else {})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
+            "system_fingerprint": None}

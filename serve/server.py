@@ -1,0 +1,86 @@
+"""`edgespec serve`: load the bundle once, start the decoder worker, serve the app with uvicorn.
+
+Shutdown (SIGTERM or Ctrl-C): the worker stops the running generation (its stream ends with a final
+chunk and `data: [DONE]`), queued requests get a 503, uvicorn waits for the open responses, and the
+process exits 0.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.bundle import Bundle
+from edgespec.runtime.decoder import SpeculativeDecoder
+from edgespec.serve.worker import Worker
+
+
+class ServeError(EdgespecError):
+    """Bad server settings (port, queue size, key...)."""
+
+
+def parse_ep(value: str | None):
+    if value is None or "," not in value:
+        return value
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def check_args(args) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ServeError(f"--port must be in [0, 65535], got {args.port}")
+    for name in ("max_queue", "max_tokens_cap", "max_body"):
+        if getattr(args, name) < 1:
+            raise ServeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.timeout > 0:
+        raise ServeError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ServeError("--api-key (or EDGESPEC_API_KEY) must not be empty")
+
+
+def serve(args) -> int:
+    try:  # lazy: the [serve] extra
+        import uvicorn
+        from edgespec.serve.app import Settings, build_app
+    except ModuleNotFoundError as exc:
+        raise ServeError(f"edgespec serve needs the [serve] extra ({exc.name} is missing): "
+                         "pip install 'edgespec[serve]'") from None
+    args.api_key = args.api_key if args.api_key is not None else os.environ.get("EDGESPEC_API_KEY") or None
+    check_args(args)
+    bundle = Bundle.load(args.bundle, verify=args.verify)
+    dec = SpeculativeDecoder(bundle, strategy=args.strategy, draft_length=args.draft_length, ep=parse_ep(args.ep),
+                             threads=args.threads)
+    name = args.model_name or bundle.path.name
+    worker = Worker(dec, max_queue=args.max_queue)
+    settings = Settings(model=name, api_key=args.api_key, max_body=args.max_body,
+                        max_tokens_cap=args.max_tokens_cap, timeout=args.timeout)
+    app = build_app(worker, settings)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=30, lifespan="off")
+    eps = ",".join(p.replace("ExecutionProvider", "") for p in dec.providers["target"][:1])
+    strategy = f"{dec.strategy.name} (draft length {dec.draft_length_setting})"
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.should_exit or not getattr(self, "servers", None):
+                return
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            print(f"edgespec serve: bundle {bundle.path} as '{name}', EP {eps}, strategy {strategy}, "
+                  f"http://{host}:{port}" + (" (API key required)" if args.api_key else ""),
+                  file=sys.stderr, flush=True)
+
+        def handle_exit(self, sig, frame):
+            worker.shutdown()           # end the running stream now, refuse the queue
+            super().handle_exit(sig, frame)
+
+    # uvicorn re-raises the signal it caught once it has shut down; a no-op handler makes that exit 0
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        Server(config).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        worker.shutdown()
+        worker.join(timeout=5)
+        dec.close()
+    return 0

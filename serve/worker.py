@@ -1,0 +1,168 @@
+"""One decoder, many clients: a FIFO queue served one request at a time by one worker thread.
+
+The worker owns the only `SpeculativeDecoder` (no second model copy). A `Job` carries token ids and
+generation settings in, and events out to the asyncio side (`loop.call_soon_threadsafe`):
+("start", None), ("delta", str), ("done", Outcome) or ("error", APIError). A job can be cancelled at
+any time (client gone, server shutting down, deadline passed): a queued job is dropped, a running one
+stops before its next round, and the decoder's next generation starts from scratch.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+from edgespec.errors import EdgespecError
+from edgespec.serve.protocol import APIError
+
+
+@dataclass
+class Outcome:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    stop_reason: str              # eos | stop | length | disconnect | timeout | shutdown | interrupted
+    ext: dict                     # the response's "edgespec" object
+
+
+class Job:
+    def __init__(self, prompt_ids: list[int], settings: dict, deadline: float, loop: asyncio.AbstractEventLoop):
+        self.prompt_ids, self.settings, self.deadline = prompt_ids, settings, deadline
+        self.loop = loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.cancel_reason = "interrupted"
+        self.enqueued = time.perf_counter()
+        self.position = 0             # jobs ahead of this one when it arrived (the running one included)
+
+    def cancel(self, reason: str) -> None:
+        if not self.cancelled.is_set():
+            self.cancel_reason = reason
+            self.cancelled.set()
+
+    def post(self, kind: str, payload=None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+        except RuntimeError:          # the event loop is closed: nobody is listening any more
+            pass
+
+
+class Worker:
+    def __init__(self, decoder, max_queue: int = 16):
+        self.dec = decoder
+        self.max_queue = max_queue
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cond = threading.Condition()
+        self.current: Job | None = None
+        self.closing = False
+        self.served = 0
+        self.last: dict | None = None        # the last finished job (for /health)
+        self._service_s: collections.deque[float] = collections.deque(maxlen=16)
+        self._thread = threading.Thread(target=self._loop, name="edgespec-decoder", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the asyncio side
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self.closing:
+                raise APIError(503, "the server is shutting down", code="shutting_down")
+            if len(self._queue) >= self.max_queue:
+                raise APIError(429, f"the request queue is full ({self.max_queue} waiting); retry later",
+                               code="queue_full", type_="rate_limit_exceeded",
+                               headers={"Retry-After": str(self.retry_after())})
+            job.position = len(self._queue) + (self.current is not None)
+            self._queue.append(job)
+            self._cond.notify()
+
+    def retry_after(self) -> int:
+        mean = sum(self._service_s) / len(self._service_s) if self._service_s else 1.0
+        return max(1, math.ceil(mean * (len(self._queue) + 1)))
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None
+
+    def shutdown(self) -> None:
+        """Stop taking requests, end the running generation (its stream gets a final chunk) and refuse
+        the queued ones. Safe to call from a signal handler."""
+        with self._cond:
+            self.closing = True
+            cur = self.current
+            self._cond.notify_all()
+        if cur is not None:
+            cur.cancel("shutdown")
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ the decoder thread
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self.closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+                if self.closing:
+                    job.post("error", APIError(503, "the server is shutting down", code="shutting_down"))
+                    continue
+                self.current = job
+            t0 = time.perf_counter()
+            try:
+                self._serve(job)
+            except Exception as exc:       # never let one request kill the worker
+                job.post("error", APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+            finally:
+                self._service_s.append(time.perf_counter() - t0)
+                with self._cond:
+                    self.current = None
+                    self.served += 1
+
+    def _serve(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            return
+        queue_ms = (time.perf_counter() - job.enqueued) * 1e3
+        if time.monotonic() >= job.deadline:
+            job.post("error", APIError(504, f"the request timed out after {queue_ms / 1e3:.1f} s in the queue",
+                                       code="timeout"))
+            return
+        try:
+            stream = self.dec.stream(job.prompt_ids, **job.settings)
+        except EdgespecError as exc:
+            job.post("error", APIError(400, str(exc)))
+            return
+        job.post("start", {"queue_ms": queue_ms})
+        reason = None
+        try:
+            for delta in stream:
+                job.post("delta", delta)
+                if job.cancelled.is_set():
+                    reason = job.cancel_reason
+                    break
+                if time.monotonic() >= job.deadline:
+                    reason = "timeout"
+                    break
+        except EdgespecError as exc:
+            stream.close()
+            job.post("error", APIError(400, str(exc)))
+            return
+        finally:
+            stream.close()
+        res = self.dec.last_result
+        st = res.stats
+        reason = reason or st.stop_reason
+        ext = {"strategy": st.strategy, "draft_length": st.draft_length,
+               "draft_length_setting": st.draft_length_setting, "acceptance": st.acceptance_rate, "tau": st.tau,
+               "decode_tokens_per_s": st.decode_tokens_per_s, "ttft_ms": st.ttft_ms, "total_ms": st.total_ms,
+               "queue_ms": queue_ms, "queue_position": job.position, "stop_reason": reason}
+        self.last = {"stop_reason": reason, "completion_tokens": len(res.token_ids), "total_ms": st.total_ms}
+        job.post("done", Outcome(text=res.text, prompt_tokens=len(res.prompt_token_ids),
+                                 completion_tokens=len(res.token_ids), stop_reason=reason, ext=ext))
