@@ -17,13 +17,14 @@ from tokenizers import Tokenizer
 
 from edgespec.errors import ExportError
 from edgespec.export import onnx_export as ox
-from edgespec.export import prune
+from edgespec.export import last_logits, prune
 from edgespec.export.graph_info import io_names, weight_stats
 from edgespec.export.kept_vocab import KeptVocab
 from edgespec.export.onnx_export import CachedExport, check_inputs, ort_session, run_prefill_decode
 from edgespec.hashing import sha256_file
 from edgespec.models.weights import ModelSource
 from edgespec.runtime import manifest as mf
+from edgespec.runtime.kv import default_feeds
 from edgespec.runtime.vocab import TokenizerInfo, build_maps, intersection_size, vocab_hash
 
 PRIOR_FILES = ("prior.npy", "affinity.npz", "randomised.json")
@@ -65,8 +66,9 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
     t, d, kept = parts.target, parts.drafter, parts.kept
     for sub in ("target", "drafter", "vocab"):
         (root / sub).mkdir()
-    for name in t.graph.files:             # the target: the cached graph as is
+    for name in t.graph.files:             # the target: the cached graph + a logits_to_keep input
         _place(t.graph.dir / name, root / "target" / name)
+    last_logits.edit_file(root / "target" / "model.onnx")
     _copy_tokenizer(t.source.hf_dir, root / "target")
     _copy_tokenizer(d.source.hf_dir, root / "drafter")
     maps = _write_vocab(root, parts)
@@ -132,6 +134,7 @@ def _write_target_only(root: Path, parts: BundleParts) -> dict:
     (root / "target").mkdir()
     for name in t.graph.files:
         _place(t.graph.dir / name, root / "target" / name)
+    last_logits.edit_file(root / "target" / "model.onnx")
     _copy_tokenizer(t.source.hf_dir, root / "target")
     t_check = t.graph.meta["check"]
     t_diff = _check_target(t_check)
@@ -328,7 +331,7 @@ def _check_pruned(full: Path, pruned: Path, ids: np.ndarray, index_map: np.ndarr
         "input_ids": x[:, :1], "attention_mask": np.ones((1, 1), np.int64),
         **({"position_ids": np.zeros((1, 1), np.int64)} if any(i.name == "position_ids" for i in sess.get_inputs()) else {}),
         **{i.name: np.zeros([1, int(i.shape[1]), 0, int(i.shape[3])], np.float32)
-           for i in sess.get_inputs() if i.name.startswith("past_key_values.")}})
+           for i in sess.get_inputs() if i.name.startswith("past_key_values.")}, **default_feeds(sess)})
     del sess
     gc.collect()
     if got.shape != ref.shape:

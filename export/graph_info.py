@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgespec.errors import ExportError
+
 
 def np_dtype(tensor) -> np.dtype:
     import onnx  # lazy: onnx is the [export] extra; `edgespec --help` imports this module
@@ -71,3 +73,55 @@ def weight_stats(onnx_path_or_model) -> dict:
         else:
             bytes_fwd += int(numel * itemsize)
     return {"params": int(params), "bytes_per_forward": int(bytes_fwd)}
+
+
+# Ops between the LM head MatMul and the `logits` output (soft-capping, scaling, casts).
+PASS_THROUGH = {"Mul", "Div", "Tanh", "Cast", "Identity", "Add", "Sub", "Softcap"}
+
+
+def find_head(graph) -> tuple:
+    """(matmul node, weight initializer, layout, transpose node or None, bias initializer or None, path nodes).
+
+    layout 'HV': logits = x @ W[H,V]; 'VH': logits = x @ E[V,H]^T (Transpose or Gemm transB=1)."""
+    producers = {o: n for n in graph.node for o in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    if "logits" not in producers:
+        raise ExportError("graph has no node producing 'logits'")
+    node = producers["logits"]
+    path = []
+    for _ in range(16):
+        if node.op_type in ("MatMul", "Gemm", "MatMulNBits"):
+            break
+        if node.op_type not in PASS_THROUGH:
+            raise ExportError(f"cannot find the LM head: 'logits' comes from {node.op_type} {node.name!r}")
+        path.append(node)
+        # follow the non-constant input
+        nxt = [i for i in node.input if i in producers and i not in inits]
+        if len(nxt) != 1:
+            raise ExportError(f"cannot find the LM head behind {node.op_type} {node.name!r}")
+        node = producers[nxt[0]]
+    else:
+        raise ExportError("cannot find the LM head: chain too long")
+    w_name = node.input[1]
+    if node.op_type == "MatMulNBits":      # the builder's quantized head: B [N, blocks, blob], rows = vocab
+        if w_name not in inits:
+            raise ExportError("LM head MatMulNBits weight is not an initializer")
+        return node, inits[w_name], "NBITS", None, None, path
+    bias = inits.get(node.input[2]) if node.op_type == "Gemm" and len(node.input) > 2 else None
+    if node.op_type == "Gemm":
+        attrs = {a.name: a for a in node.attribute}
+        if "transA" in attrs and attrs["transA"].i:
+            raise ExportError("LM head Gemm with transA is not supported")
+        trans_b = bool(attrs["transB"].i) if "transB" in attrs else False
+        if w_name not in inits:
+            raise ExportError("LM head Gemm weight is not an initializer")
+        return node, inits[w_name], "VH" if trans_b else "HV", None, bias, path
+    if w_name in inits:
+        return node, inits[w_name], "HV", None, None, path
+    tp = producers.get(w_name)
+    if tp is not None and tp.op_type == "Transpose" and tp.input[0] in inits:
+        perm = [a.ints for a in tp.attribute if a.name == "perm"]
+        if not perm or list(perm[0]) == [1, 0]:
+            return node, inits[tp.input[0]], "VH", tp, None, path
+    raise ExportError("cannot find the LM head weight: the logits MatMul's weight is neither an initializer "
+                      "nor a transposed initializer")

@@ -33,6 +33,7 @@ from edgespec.errors import ExportError
 from edgespec.export.graph_info import all_tensors, io_names, weight_stats
 from edgespec.hashing import sha256_file
 from edgespec.paths import exports_dir
+from edgespec.runtime.kv import default_feeds
 from edgespec.runtime.sessions import session_options
 
 EXPORT_REVISION = 2          # bump when the export recipe changes: invalidates cached exports
@@ -153,7 +154,7 @@ def run_prefill_decode(sess, ids: np.ndarray, prefill: int = CHECK_PREFILL, outp
         if "position_ids" in inputs:
             feed["position_ids"] = np.arange(pos, pos + s, dtype=np.int64)[None, :]
         feed.update(past)
-        res = dict(zip(out_names, sess.run(out_names, feed)))
+        res = dict(zip(out_names, sess.run(out_names, {**feed, **default_feeds(sess)})))
         logits.append(res["logits"])
         past = {p.replace("present.", "past_key_values."): res[p] for p in present_names}
         pos += s

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import ExportError
-from edgespec.export.graph_info import all_tensors, io_names, np_dtype, weight_stats
+from edgespec.export.graph_info import all_tensors, find_head, io_names, np_dtype, weight_stats
+from edgespec.export.last_logits import add_logits_to_keep
 
 HEAD_NAME = "edgespec.lm_head.weight"
-PASS_THROUGH = {"Mul", "Div", "Tanh", "Cast", "Identity", "Add", "Sub", "Softcap"}
 DATA_NAME = "model.onnx.data"
 ALIGN = 4096
 
@@ -49,54 +49,6 @@ def read_tensor(tensor, base_dir: Path) -> np.ndarray:
     dtype = np_dtype(tensor)
     shape = tuple(int(d) for d in tensor.dims)
     return np.memmap(base_dir / e["location"], dtype=dtype, mode="r", offset=offset, shape=shape)
-
-
-def find_head(graph) -> tuple:
-    """(matmul node, weight initializer, layout, transpose node or None, bias initializer or None, path nodes).
-
-    layout 'HV': logits = x @ W[H,V]; 'VH': logits = x @ E[V,H]^T (Transpose or Gemm transB=1)."""
-    producers = {o: n for n in graph.node for o in n.output}
-    inits = {t.name: t for t in graph.initializer}
-    if "logits" not in producers:
-        raise ExportError("drafter graph has no node producing 'logits'")
-    node = producers["logits"]
-    path = []
-    for _ in range(16):
-        if node.op_type in ("MatMul", "Gemm", "MatMulNBits"):
-            break
-        if node.op_type not in PASS_THROUGH:
-            raise ExportError(f"cannot find the LM head: 'logits' comes from {node.op_type} {node.name!r}")
-        path.append(node)
-        # follow the non-constant input
-        nxt = [i for i in node.input if i in producers and i not in inits]
-        if len(nxt) != 1:
-            raise ExportError(f"cannot find the LM head behind {node.op_type} {node.name!r}")
-        node = producers[nxt[0]]
-    else:
-        raise ExportError("cannot find the LM head: chain too long")
-    w_name = node.input[1]
-    if node.op_type == "MatMulNBits":      # the builder's quantized head: B [N, blocks, blob], rows = vocab
-        if w_name not in inits:
-            raise ExportError("LM head MatMulNBits weight is not an initializer")
-        return node, inits[w_name], "NBITS", None, None, path
-    bias = inits.get(node.input[2]) if node.op_type == "Gemm" and len(node.input) > 2 else None
-    if node.op_type == "Gemm":
-        attrs = {a.name: a for a in node.attribute}
-        if "transA" in attrs and attrs["transA"].i:
-            raise ExportError("LM head Gemm with transA is not supported")
-        trans_b = bool(attrs["transB"].i) if "transB" in attrs else False
-        if w_name not in inits:
-            raise ExportError("LM head Gemm weight is not an initializer")
-        return node, inits[w_name], "VH" if trans_b else "HV", None, bias, path
-    if w_name in inits:
-        return node, inits[w_name], "HV", None, None, path
-    tp = producers.get(w_name)
-    if tp is not None and tp.op_type == "Transpose" and tp.input[0] in inits:
-        perm = [a.ints for a in tp.attribute if a.name == "perm"]
-        if not perm or list(perm[0]) == [1, 0]:
-            return node, inits[tp.input[0]], "VH", tp, None, path
-    raise ExportError("cannot find the LM head weight: the logits MatMul's weight is neither an initializer "
-                      "nor a transposed initializer")
 
 
 def _consumers(graph, name: str) -> list:
@@ -142,6 +94,7 @@ def prune_head(src: Path, dst_dir: Path, keep: np.ndarray, index_map: np.ndarray
         graph.node.append(helper.make_node("Constant", [], [name], name=f"edgespec/{name}",
                                            value=numpy_helper.from_array(arr.astype(np.int64), name + "_value")))
         graph.output.append(helper.make_tensor_value_info(name, TensorProto.INT64, [k]))
+    add_logits_to_keep(model)
     dst_dir.mkdir(parents=True, exist_ok=True)
     external = any(_is_external(t) for t in all_tensors(model))
     if external:

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 
 from edgespec.errors import ExportError
 from edgespec.export.onnx_export import ort_session
-from edgespec.runtime.kv import MIN_TOKENS_KEY
+from edgespec.runtime.kv import MIN_TOKENS_KEY, default_feeds
 from edgespec.runtime.sampling import softmax
 
 ACCEPT = {"top1_agreement": 0.90, "mean_overlap": 0.90}
@@ -98,7 +98,7 @@ def _chunked_logits(sess, chunks: list[np.ndarray]) -> np.ndarray:
         feed = {"input_ids": c[None, :], "attention_mask": np.ones((1, pos + s), np.int64), **past}
         if "position_ids" in inputs:
             feed["position_ids"] = np.arange(pos, pos + s, dtype=np.int64)[None, :]
-        res = dict(zip(outs, sess.run(outs, feed)))
+        res = dict(zip(outs, sess.run(outs, {**feed, **default_feeds(sess)})))
         logits.append(res["logits"][0])
         past = {n.replace("present.", "past_key_values."): v for n, v in res.items() if n != "logits"}
         pos += s

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.runtime.kv import default_feeds
 from edgespec.runtime.sessions import session_options
 
 
@@ -36,7 +37,7 @@ def _feeds(sess, k: int, past: int, rng) -> dict:
     for name, i in ins.items():
         if name.startswith("past_key_values."):
             f[name] = rng.standard_normal((1, int(i.shape[1]), past, int(i.shape[3]))).astype(np.float32)
-    return {n: v for n, v in f.items() if n in ins}
+    return {**{n: v for n, v in f.items() if n in ins}, **default_feeds(sess)}
 
 
 def resolve(path: str) -> Path:

@@ -35,9 +35,16 @@ _ORT_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "te
                  "tensor(bfloat16)": np.float32}
 KV_KEY = "edgespec.kv_cache"
 MIN_TOKENS_KEY = "edgespec.min_forward_tokens"
+LOGITS_TO_KEEP = "logits_to_keep"        # the graph input export/last_logits.py adds
 CAPACITY_STEP = 256
 # OrtValue device for an EP's KV buffers; EPs not listed take host memory (ORT copies per run).
 _DEVICE = {"CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml", "ROCMExecutionProvider": "rocm"}
+
+
+def default_feeds(session) -> dict:
+    """Inputs a plain caller leaves at their neutral value: `logits_to_keep` = 0 (every position)."""
+    return {LOGITS_TO_KEEP: np.zeros(1, dtype=np.int64)} if any(i.name == LOGITS_TO_KEEP for i in
+                                                                  session.get_inputs()) else {}
 
 
 class ModelRunner:
@@ -67,6 +74,8 @@ class ModelRunner:
         if not self.past_names:
             raise BundleError(f"{role} graph has no past_key_values inputs (export with past)")
         self.has_position_ids = "position_ids" in inputs
+        # export/last_logits.py: graphs that can emit the last k positions' logits only (prefill).
+        self.keeps_last = LOGITS_TO_KEEP in inputs
         shape = inputs[self.past_names[0]].shape          # [batch, kv_heads, past, head_dim]
         self.kv_heads = int(shape[1])
         self.head_dim = int(shape[3]) if isinstance(shape[3], int) else int(head_dim or 0)
@@ -151,19 +160,26 @@ class ModelRunner:
         self.capacity = cap
 
     # ------------------------------------------------------------------ running
-    def forward(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Logits [len(ids), V] for `ids` appended after the cached positions; the cache grows by len(ids)."""
+    def forward(self, ids: Sequence[int] | np.ndarray, last: int | None = None) -> np.ndarray:
+        """Logits [len(ids), V] for `ids` appended after the cached positions; the cache grows by len(ids).
+        `last=k`: only the last k positions' logits [k, V] (a prefill needs one row). A graph with a
+        `logits_to_keep` input computes only those rows, at least `min_tokens` of them so that the head
+        runs on the same kernel path as a verify forward; any other graph computes all and slices."""
         if 0 < len(ids) < self.min_tokens:  # pad with the last id, then drop it: causal, so exact
             flat = np.asarray(ids, dtype=np.int64).ravel()
             pad = self.min_tokens - flat.size
             logits = self.forward(np.concatenate([flat, np.repeat(flat[-1:], pad)]))
             self.crop(self.length - pad)
-            return logits[:flat.size]
+            logits = logits[:flat.size]
+            return logits if last is None else logits[-last:]
         s = len(ids)
         past = self.length
         input_ids = np.asarray(ids, dtype=np.int64).reshape(1, s)
+        rows = s if last is None or not self.keeps_last else min(s, max(int(last), self.min_tokens))
         t0 = time.perf_counter()
-        logits = self._run_shared(input_ids, past) if self.shared else self._run_copy(input_ids, past)
+        logits = self._run_shared(input_ids, past, rows) if self.shared else self._run_copy(input_ids, past, rows)
+        if last is not None:
+            logits = logits[-last:]
         self.last_ms = (time.perf_counter() - t0) * 1e3
         self.time_ms += self.last_ms
         self.forwards += 1
@@ -174,25 +190,32 @@ class ModelRunner:
                                   "model file, or an EP numerics problem); no text was produced from them")
         return logits
 
-    def _run_shared(self, input_ids: np.ndarray, past: int) -> np.ndarray:
+    def _keep_feed(self, rows: int, s: int) -> np.ndarray:
+        return np.array([0 if rows == s else rows], dtype=np.int64)      # 0: every position
+
+    def _run_shared(self, input_ids: np.ndarray, past: int, rows: int) -> np.ndarray:
         s = input_ids.shape[1]
         if past + s > self.capacity:
             self._grow(past + s)
         io = self._binding
         io.bind_cpu_input("input_ids", input_ids)
         io.bind_cpu_input("attention_mask", self._mask[:, :past + s])
-        if s > 16 or self._logits.shape[1] < s:     # a prefill-sized buffer is not kept (see below)
-            self._logits = np.empty((1, s, self.vocab), dtype=np.float32)
-        out = self._logits[:, :s]
+        if self.keeps_last:
+            io.bind_cpu_input(LOGITS_TO_KEEP, self._keep_feed(rows, s))
+        if rows > 16 or self._logits.shape[1] < rows:     # a prefill-sized buffer is not kept (see below)
+            self._logits = np.empty((1, rows, self.vocab), dtype=np.float32)
+        out = self._logits[:, :rows]
         io.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         self.session.run_with_iobinding(io)
-        if s > 16:
+        if rows > 16:
             self._logits = np.empty((1, 0, 0), np.float32)
         return out[0]
 
-    def _run_copy(self, input_ids: np.ndarray, past: int) -> np.ndarray:
+    def _run_copy(self, input_ids: np.ndarray, past: int, rows: int) -> np.ndarray:
         s = input_ids.shape[1]
         feeds = {"input_ids": input_ids, "attention_mask": np.ones((1, past + s), dtype=np.int64)}
+        if self.keeps_last:
+            feeds[LOGITS_TO_KEEP] = self._keep_feed(rows, s)
         if self.has_position_ids:
             feeds["position_ids"] = np.arange(past, past + s, dtype=np.int64).reshape(1, s)
         for name, arr in zip(self.past_names, self.past):
@@ -208,6 +231,8 @@ class ModelRunner:
         feeds = {"input_ids": np.zeros((1, 1), dtype=np.int64), "attention_mask": np.ones((1, 1), dtype=np.int64)}
         if self.has_position_ids:
             feeds["position_ids"] = np.zeros((1, 1), dtype=np.int64)
+        if self.keeps_last:
+            feeds[LOGITS_TO_KEEP] = np.zeros(1, dtype=np.int64)
         empty = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=self.kv_dtype)
         for name in self.past_names:
             feeds[name] = empty

@@ -199,7 +199,7 @@ class Generation:
         self.check_current()
         self.target.reset()
         self.target.reserve(len(self.prompt_ids) + self.max_new_tokens + self.dec.draft_length + 2)
-        logits = self.target.forward(self.prompt_ids)[-1]
+        logits = self.target.forward(self.prompt_ids, last=1)[-1]
         self.stats.prefill_ms += self.target.last_ms
         self.stats.target_forwards += 1
         self.last = self.pick(logits)
@@ -268,7 +268,7 @@ class Generation:
     def draft_forward(self) -> np.ndarray:
         """Drafter forward on what its KV lacks; returns the last row of kept-column logits."""
         ids = self.drafter_input()
-        row = self.drafter.forward(ids)[-1]
+        row = self.drafter.forward(ids, last=1)[-1]
         self.book_draft_forward(was_prefill=self.drafter.length == len(ids))
         return row
 

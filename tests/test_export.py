@@ -15,8 +15,10 @@ from edgespec.errors import ExportError, ModelSourceError
 from edgespec.export import bundle_writer as BW
 from edgespec.export import kept_vocab as KV
 from edgespec.export import onnx_export as OX
+from edgespec.export import graph_info as GI
 from edgespec.export import prune as PR
 from edgespec.runtime import Bundle
+from edgespec.runtime.kv import default_feeds
 from edgespec.runtime.vocab import vocab_hash
 
 
@@ -70,7 +72,7 @@ def test_constant_outputs_and_maps(tiny_hetero_bundle):
     for i in sess.get_inputs():
         if i.name.startswith("past_key_values."):
             feed[i.name] = np.zeros([1, i.shape[1], 0, i.shape[3]], np.float32)
-    index_map, draft_ids = sess.run(["index_map", "draft_ids"], feed)
+    index_map, draft_ids = sess.run(["index_map", "draft_ids"], {**feed, **default_feeds(sess)})
     assert index_map.dtype == np.int64 and np.array_equal(index_map, b.index_map)
     assert np.array_equal(draft_ids, b.draft_ids)
     assert np.array_equal(b.index_map, b.drafter_to_target[b.draft_ids])
@@ -124,7 +126,7 @@ def test_prune_head_external_data(tiny_models, tmp_path):
     src.mkdir()
     shutil.copyfile(e.dir / "model.onnx.data", src / "model.onnx.data")
     m = onnx.load(str(e.onnx), load_external_data=False)
-    mm, w, layout, _, _, _ = PR.find_head(m.graph)
+    mm, w, layout, _, _, _ = GI.find_head(m.graph)
     emb = next(t for t in m.graph.initializer if t.name == "model.embed_tokens.weight")
     assert layout == "HV"
     tp = helper.make_node("Transpose", [emb.name], ["emb_T"], perm=[1, 0], name="tiedT")
@@ -420,7 +422,7 @@ def test_real_smollm_self_bundle(smollm_self_bundle):
     for i in sess.get_inputs():
         if i.name.startswith("past_key_values."):
             feed[i.name] = np.zeros([1, i.shape[1], 0, i.shape[3]], np.float32)
-    index_map, draft_ids = sess.run(["index_map", "draft_ids"], feed)
+    index_map, draft_ids = sess.run(["index_map", "draft_ids"], {**feed, **default_feeds(sess)})
     assert index_map.shape == (8192,) and np.array_equal(draft_ids, np.arange(8192))
     del sess
     full, _ = _ort_logits(b.target.onnx, ids, prefill=8)  # the target is the unpruned SmolLM2
