@@ -12,8 +12,8 @@ import sys
 
 from edgespec.errors import EdgespecError, GenerationError
 from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.decoder import SpeculativeDecoder, check_generation_args
-from edgespec.serve.server import parse_ep
+from edgespec.runtime.decoder import check_generation_args
+from edgespec.serve.server import make_decoder
 
 HELP = "commands: /reset (new conversation), /stats (last turn's figures), /help, /exit (or Ctrl-D)"
 
@@ -52,8 +52,7 @@ def run_chat(args, stdin=None, out=None, err=None) -> int:
     if not bundle.chat_template:
         raise GenerationError(f"bundle {bundle.path} has no chat template: use `edgespec generate` for plain "
                               "completion")
-    dec = SpeculativeDecoder(bundle, strategy=args.strategy, draft_length=args.draft_length, ep=parse_ep(args.ep),
-                             threads=args.threads)
+    dec = make_decoder(bundle, args)
     tty = stdin.isatty()
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = list(system)

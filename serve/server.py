@@ -13,6 +13,7 @@ import sys
 from edgespec.errors import EdgespecError
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.decoder import SpeculativeDecoder
+from edgespec.runtime.strategies import get_strategy
 from edgespec.serve.worker import Worker
 
 
@@ -24,6 +25,16 @@ def parse_ep(value: str | None):
     if value is None or "," not in value:
         return value
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def make_decoder(bundle, args) -> SpeculativeDecoder:
+    """The decoder `serve` and `chat` share: --strategy, --draft-length (auto means 1 for a strategy that
+    does not speculate, e.g. ar), --ep, --threads."""
+    gamma = args.draft_length
+    if gamma == "auto" and not get_strategy(args.strategy).speculative:
+        gamma = 1
+    return SpeculativeDecoder(bundle, strategy=args.strategy, draft_length=gamma, ep=parse_ep(args.ep),
+                              threads=args.threads)
 
 
 def check_args(args) -> None:
@@ -48,8 +59,7 @@ def serve(args) -> int:
     args.api_key = args.api_key if args.api_key is not None else os.environ.get("EDGESPEC_API_KEY") or None
     check_args(args)
     bundle = Bundle.load(args.bundle, verify=args.verify)
-    dec = SpeculativeDecoder(bundle, strategy=args.strategy, draft_length=args.draft_length, ep=parse_ep(args.ep),
-                             threads=args.threads)
+    dec = make_decoder(bundle, args)
     name = args.model_name or bundle.path.name
     worker = Worker(dec, max_queue=args.max_queue)
     settings = Settings(model=name, api_key=args.api_key, max_body=args.max_body,

@@ -1,0 +1,265 @@
+"""`edgespec serve` against the real openai client: one server (a real subprocess on a free port, the
+real smollm-self bundle) shared by the module. Greedy answers must equal the in-process decoder's
+token for token (same text, same token count), under concurrent load too; bad requests get a 4xx in
+OpenAI's error shape and the server keeps serving; a client killed mid-stream stops its generation.
+
+`start_server` is also used by tests/test_serve_ops.py (auth, queue limit, timeout, SIGTERM)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from edgespec.errors import GenerationError
+from edgespec.runtime import Bundle, SpeculativeDecoder
+
+pytestmark = pytest.mark.real
+
+CAP = 48                  # the server's --max-tokens-cap
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Here is a list of five fruits:\n1.",
+           "SELECT name, age FROM users WHERE"]
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def bundle_path(request) -> Path:
+    env = os.environ.get("EDGESPEC_SMOLLM_BUNDLE")
+    return Path(env) if env else request.getfixturevalue("smollm_self_bundle")
+
+
+class Server:
+    """`python -m edgespec serve ... --port 0`; the port comes from its one startup line."""
+
+    def __init__(self, bundle: Path, *args: str, env: dict | None = None):
+        cmd = [sys.executable, "-m", "edgespec", "serve", "--bundle", str(bundle), "--port", "0", *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, **(env or {})))
+        self.lines: list[str] = []
+        ready = threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                if "http://" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        ready.wait(180)
+        line = next((x for x in self.lines if "http://" in x), None)
+        if line is None or self.proc.poll() is not None:
+            self.stop()
+            raise AssertionError("server did not start:\n" + "".join(self.lines))
+        self.url = "http://" + line.rsplit("http://", 1)[1].split()[0]
+        self.startup_line = line
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def bundle(request):
+    return bundle_path(request)
+
+
+@pytest.fixture(scope="module")
+def server(bundle):
+    srv = Server(bundle, "--max-queue", "32", "--max-tokens-cap", str(CAP), "--max-body", "100000",
+                 "--model-name", "smollm")
+    yield srv
+    assert srv.stop() == 0, "".join(srv.lines)
+
+
+@pytest.fixture(scope="module")
+def ref(bundle):
+    """The in-process decoder (ar: greedy speculation is lossless, so every strategy gives these tokens)."""
+    return SpeculativeDecoder(Bundle.load(bundle, verify="fast"), strategy="ar", draft_length=1, threads=1)
+
+
+def test_startup_line_and_models(server):
+    line = server.startup_line
+    assert "smollm" in line and "EP CPU" in line and "strategy auto" in line and server.url in line
+    assert [m.id for m in server.client().models.list().data] == ["smollm"]
+
+
+def test_completion_plain_and_streamed_equal_the_decoder(server, ref):
+    client = server.client()
+    for prompt in PROMPTS[:2]:
+        want = ref.generate(prompt, max_new_tokens=24)
+        got = client.completions.create(model="smollm", prompt=prompt, max_tokens=24, temperature=0)
+        assert got.choices[0].text == want.text
+        assert got.usage.completion_tokens == len(want.token_ids)
+        assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+        assert got.choices[0].finish_reason == ("length" if want.stats.stop_reason == "length" else "stop")
+        ext = got.model_extra["edgespec"]
+        assert {"strategy", "draft_length", "acceptance", "tau", "decode_tokens_per_s"} <= set(ext)
+        chunks = list(client.completions.create(model="smollm", prompt=prompt, max_tokens=24, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
+        assert chunks[-1].usage.completion_tokens == len(want.token_ids) and not chunks[-1].choices
+        assert chunks[-2].choices[0].finish_reason == got.choices[0].finish_reason
+    want = ref.generate(PROMPTS[2], max_new_tokens=24, stop=["\n"])      # a stop string ends it early
+    got = client.completions.create(model="smollm", prompt=PROMPTS[2], max_tokens=24, temperature=0, stop="\n")
+    assert got.choices[0].text == want.text and got.usage.completion_tokens == len(want.token_ids)
+    assert got.choices[0].finish_reason == "stop" and len(want.token_ids) < 24
+
+
+def test_chat_plain_and_streamed_equal_the_decoder(server, ref):
+    client = server.client()
+    want = ref.generate(CHAT, max_new_tokens=20, chat=True)
+    got = client.chat.completions.create(model="smollm", messages=CHAT, max_completion_tokens=20, temperature=0)
+    assert got.choices[0].message.content == want.text and got.choices[0].message.role == "assistant"
+    assert got.usage.completion_tokens == len(want.token_ids)
+    assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+    stream = client.chat.completions.create(model="smollm", messages=CHAT, max_tokens=20, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert chunks[-1].model_extra["edgespec"]["strategy"]
+
+
+def test_load_16_streaming_4_plain_clients(server, ref):
+    n_tokens = 4
+    want = {p: ref.generate(p, max_new_tokens=n_tokens).text for p in PROMPTS}
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+    async def streamed(prompt):
+        text, ext = "", None
+        async for c in await client.completions.create(model="smollm", prompt=prompt, max_tokens=n_tokens,
+                                                       temperature=0, stream=True):
+            text += c.choices[0].text
+            ext = (c.model_extra or {}).get("edgespec", ext)
+        return prompt, text, ext
+
+    async def plain(prompt):
+        r = await client.completions.create(model="smollm", prompt=prompt, max_tokens=n_tokens, temperature=0)
+        return prompt, r.choices[0].text, r.model_extra["edgespec"]
+
+    async def health_while_busy():
+        await asyncio.sleep(1.0)
+        async with httpx.AsyncClient() as h:
+            t = time.perf_counter()
+            r = await h.get(server.url + "/health")
+            return r.json(), time.perf_counter() - t
+
+    async def main():
+        jobs = [streamed(PROMPTS[i % 4]) for i in range(16)] + [plain(PROMPTS[i]) for i in range(4)]
+        return await asyncio.gather(health_while_busy(), *jobs)
+
+    (health, health_s), *results = asyncio.run(main())
+    assert health["busy"] and health_s < 1.0           # /health answers while a generation runs
+    assert len(results) == 20
+    for prompt, text, _ in results:
+        assert text == want[prompt]
+    longest = max(ext["total_ms"] for *_, ext in results)
+    for *_, ext in results:
+        assert ext["queue_position"] < 32
+        # FIFO: a request waits at most for the ones ahead of it
+        assert ext["queue_ms"] <= ext["queue_position"] * (longest + 250) + 1000
+
+
+def test_client_killed_mid_stream_then_a_correct_answer(server, ref):
+    script = ("import openai, sys\n"
+              f"c = openai.OpenAI(base_url={server.url + '/v1'!r}, api_key='none', max_retries=0)\n"
+              "for ch in c.completions.create(model='smollm', prompt='1, 2, 3, 4, 5,', max_tokens=1000, "
+              "temperature=0, stream=True):\n"
+              "    print('chunk', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "chunk\n"
+    proc.kill()
+    killed = time.perf_counter()
+    proc.wait()
+    with httpx.Client() as h:
+        while (state := h.get(server.url + "/health").json())["busy"]:
+            assert time.perf_counter() - killed < 5, "generation still running after its client was killed"
+            time.sleep(0.05)
+    assert state["last"]["stop_reason"] == "disconnect" and state["last"]["completion_tokens"] < CAP
+    want = ref.generate(PROMPTS[0], max_new_tokens=CAP)
+    got = server.client().completions.create(model="smollm", prompt=PROMPTS[0], max_tokens=1000, temperature=0)
+    assert got.choices[0].text == want.text                # the next request starts clean
+    assert got.usage.completion_tokens == len(want.token_ids) <= CAP    # --max-tokens-cap bounds it
+
+
+BAD = [
+    ("chat", b'{"model": "smollm", "messages": [', None),                                   # malformed JSON
+    ("chat", b'[1, 2]', None),
+    ("chat", {"model": 5, "messages": CHAT}, "model"),
+    ("chat", {"model": "gpt-4o", "messages": CHAT}, "model"),
+    ("chat", {"model": "smollm", "messages": "hi"}, "messages"),
+    ("chat", {"model": "smollm", "messages": []}, "messages"),
+    ("chat", {"model": "smollm", "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ("chat", {"model": "smollm", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("chat", {"model": "smollm", "messages": CHAT, "max_tokens": "10"}, "max_tokens"),
+    ("chat", {"model": "smollm", "messages": CHAT, "max_tokens": 0}, "max_tokens"),
+    ("chat", {"model": "smollm", "messages": CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
+    ("chat", {"model": "smollm", "messages": CHAT, "temperature": "hot"}, "temperature"),
+    ("chat", {"model": "smollm", "messages": CHAT, "temperature": 3}, "temperature"),
+    ("chat", {"model": "smollm", "messages": CHAT, "top_p": [1]}, "top_p"),
+    ("chat", {"model": "smollm", "messages": CHAT, "seed": 1.5}, "seed"),
+    ("chat", {"model": "smollm", "messages": CHAT, "stop": 5}, "stop"),
+    ("chat", {"model": "smollm", "messages": CHAT, "stop": ["a", 1]}, "stop"),
+    ("chat", {"model": "smollm", "messages": CHAT, "stream": "yes"}, "stream"),
+    ("chat", {"model": "smollm", "messages": CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+    ("chat", {"model": "smollm", "messages": CHAT, "n": 2}, "n"),
+    ("chat", {"model": "smollm", "messages": CHAT, "logprobs": True}, "logprobs"),
+    ("chat", {"model": "smollm", "messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools"),
+    ("chat", {"model": "smollm", "messages": CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ("chat", {"model": "smollm", "messages": CHAT, "frobnicate": 1}, "frobnicate"),
+    ("completion", {"model": "smollm", "prompt": 7}, "prompt"),
+    ("completion", {"model": "smollm", "prompt": ""}, "prompt"),
+    ("completion", {"model": "smollm", "prompt": ["a", "b"]}, "prompt"),
+    ("completion", {"model": "smollm", "prompt": "hello " * 9000, "max_tokens": 8}, "prompt"),   # over context
+    ("completion", {"model": "smollm", "prompt": "x" * 120000}, None),                           # over --max-body
+    ("completion", {"model": "smollm", "prompt": "hi", "logprobs": 2}, "logprobs"),
+    ("completion", {"model": "smollm", "prompt": "hi", "echo": True}, "echo"),
+]
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server):
+    route = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        for kind, body, param in BAD:
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            r = h.post(route[kind], content=content, headers={"content-type": "application/json"})
+            where = f"{kind} {content[:80]!r}"
+            assert 400 <= r.status_code < 500, f"{where}: {r.status_code} {r.text[:200]}"
+            err = r.json()["error"]
+            assert err["message"] and "\n" not in err["message"] and err["type"], where
+            if param is not None:
+                assert err["param"] == param and param.split("[")[0] in err["message"], f"{where}: {err}"
+        assert h.post("/v1/completions", content=json.dumps({"model": "smollm", "prompt": "x" * 120000}).encode(),
+                      headers={"content-type": "application/json"}).status_code == 413
+        assert h.get("/v1/nothing").json()["error"]["code"] == "not_found"
+        assert h.get("/health").json()["status"] == "ok"
+    with pytest.raises(openai.BadRequestError, match="'n'"):      # the client sees the error as OpenAI's
+        server.client().chat.completions.create(model="smollm", messages=CHAT, n=2)
+    got = server.client().completions.create(model="smollm", prompt=PROMPTS[0], max_tokens=3, temperature=0)
+    assert got.usage.completion_tokens == 3 and got.choices[0].text
+
+
+def test_library_stop_of_the_wrong_type_is_an_edgespec_error(ref):
+    for stop in (5, 1.5, {"a": 1}, iter(["a"])):
+        with pytest.raises(GenerationError, match="stop must be"):
+            ref.generate("hello", max_new_tokens=2, stop=stop)
+    assert ref.generate("hello", max_new_tokens=2, stop=("zzz",)).token_ids
