@@ -12,6 +12,7 @@ from __future__ import annotations
 from edgespec.errors import ExportError
 from edgespec.export.bundle_writer import export_bundle
 from edgespec.export.quantize_bundle import add_arguments, builder_settings, transform_from_args
+from edgespec.export.server_vocab import KINDS, parse_kinds, write_server_vocab
 from edgespec.models import get_pair
 
 
@@ -34,6 +35,9 @@ def register(subparsers) -> None:
                         "cache; the default wherever it takes the architecture) or optimum (any HF causal LM)")
     p.add_argument("--out", metavar="DIR", help="bundle directory (default: bundles/<pair>)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
+    p.add_argument("--also-write", default=None, metavar="KIND[,KIND]",
+                   help=f"also write the kept vocabulary for server engines into BUNDLE/vocab/: {', '.join(KINDS)} "
+                        "(SGLang --speculative-token-map; vLLM EAGLE-3 d2t/t2d)")
     add_arguments(p)
     p.set_defaults(func=run)
 
@@ -51,6 +55,9 @@ def run(args) -> int:
         raise ExportError("give --pair NAME, or --target SRC (with --drafter SRC for a pair)")
     if drafter and keep is None and args.vocab is None:
         raise ExportError("give --keep K or --vocab VOCAB.json")
+    also = parse_kinds(args.also_write)      # checked before the export runs
+    if also and not drafter:
+        raise ExportError("--also-write needs a pair (a drafter with a kept vocabulary)")
     out = args.out or (f"bundles/{pair.name}" if pair else None)
     if not out:
         raise ExportError("give --out DIR")
@@ -58,5 +65,7 @@ def run(args) -> int:
     transform = transform_from_args(args) if args.graph != "builder" else None
     path = export_bundle(target, drafter, out, keep=keep, vocab=args.vocab, pair=pair.name if pair else None,
                          progress=not args.quiet, transform=transform, graph=args.graph, builder=builder)
+    for written in write_server_vocab(path, also):
+        print(written)
     print(path)
     return 0
