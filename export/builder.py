@@ -10,6 +10,9 @@ child process (its log goes to a file; a failure raises ExportError with the log
 leaves nothing in the cache), then:
 - names the symbolic head dimension (`kv_cache_dim`) so every consumer sees static KV shapes;
 - records in the graph's metadata that the KV cache may be shared (`edgespec.kv_cache = shared`);
+- Gemma: replaces the builder's embedding scale, sqrt(hidden_size) rounded to 2 decimals, with the
+  exact value transformers uses (`_fix_embed_scale`; the rounding alone made Gemma-3 270M's fp32
+  graph miss torch's logits by 0.022 and fail the export check);
 - checks the graph against torch on the fixed check input (fp32: judged with optimum's tolerance;
   quantized graphs: recorded only, their quality is judged against the fp32 graph by the caller).
 
@@ -73,11 +76,49 @@ def unsupported_reason(hf_dir: Path) -> str | None:
     return None
 
 
-def build_key(source_sha256: str, precision: str, ep: str, options: dict) -> str:
-    blob = json.dumps({"sha256": source_sha256, "graph": "builder", "precision": precision, "ep": ep,
-                       "options": options, "builder": builder_version(), "revision": BUILDER_REVISION},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+def build_key(source_sha256: str, precision: str, ep: str, options: dict, fixes: tuple[str, ...] = ()) -> str:
+    doc = {"sha256": source_sha256, "graph": "builder", "precision": precision, "ep": ep,
+           "options": options, "builder": builder_version(), "revision": BUILDER_REVISION}
+    if fixes:                    # only the models a fix applies to get new keys (others keep their caches)
+        doc["fixes"] = list(fixes)
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def graph_fixes(hf_dir: Path) -> tuple[str, ...]:
+    """The edits `_finish_graph` makes to this model's builder graph (part of its cache key)."""
+    arch = str(ox.model_info(hf_dir).get("arch") or "")
+    return (GEMMA_EMBED_SCALE_FIX,) if arch.startswith("gemma") else ()
+
+
+GEMMA_EMBED_SCALE_FIX = "gemma-embed-scale-1"
+
+
+def _fix_embed_scale(model, hidden_size: int) -> float | None:
+    """The pinned builder scales Gemma's embeddings by sqrt(hidden_size) rounded to 2 decimals
+    (builders/gemma.py: 25.3 for 640, not 25.2982; +7.0e-5 relative), where transformers uses
+    sqrt(hidden_size) itself. On Gemma-3 270M that alone moved the fp32 logits 0.022 away from
+    torch's; with the exact scale they are 4.1e-4 away (torch fp32 vs fp64: 3.9e-4). Sets the
+    scalar that multiplies the embedding Gather's output to float32(sqrt(hidden_size)); returns the
+    value it replaced (None if there was none)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant" and n.output}
+    gathers = {n.output[0] for n in model.graph.node if n.op_type == "Gather" and n.input and n.input[1] == "input_ids"}
+    exact = np.float32(np.sqrt(hidden_size))
+    for n in model.graph.node:
+        if n.op_type != "Mul" or not gathers.intersection(n.input):
+            continue
+        for name in n.input:
+            c = consts.get(name)
+            if c is None or not c.attribute or c.attribute[0].name != "value":
+                continue
+            old = numpy_helper.to_array(c.attribute[0].t)
+            if old.size == 1 and abs(float(old) - float(exact)) < 0.01:
+                c.attribute[0].t.CopyFrom(numpy_helper.from_array(exact.astype(old.dtype).reshape(old.shape),
+                                                                  c.attribute[0].t.name))
+                return float(old)
+    return None
 
 
 def build_model(hf_dir: Path, source_sha256: str, name: str = "model", precision: str = "fp32", ep: str = "cpu",
@@ -99,7 +140,8 @@ def build_model(hf_dir: Path, source_sha256: str, name: str = "model", precision
         # against RTN's 0.857, at the same step time (docs/fast-path.md, "int4 methods").
         options["algo_config"] = algo or DEFAULT_INT4_ALGO
     cache = Path(cache) if cache is not None else exports_dir()
-    final = cache / build_key(source_sha256, precision, ep, options)
+    fixes = graph_fixes(Path(hf_dir))
+    final = cache / build_key(source_sha256, precision, ep, options, fixes)
     ox.remove_stale_tmpdirs(cache, ox.KEY_RE + r"\.tmp-", progress)        # killed builds' leftovers
     ox.remove_stale_tmpdirs(cache, r"\." + ox.KEY_RE + r"\.tmp-", progress, suffix=".builder.log")
     if (final / ox.META).is_file() and (final / "model.onnx").is_file():
@@ -138,11 +180,14 @@ def _run_builder(hf_dir: Path, out: Path, precision: str, ep: str, options: dict
     return time.time() - t0
 
 
-def _finish_graph(path: Path, head_dim: int, precision: str) -> dict:
-    """Static KV head dim, edgespec metadata; returns op counts."""
+def _finish_graph(path: Path, head_dim: int, precision: str, fixes: tuple[str, ...] = (),
+                  hidden_size: int = 0) -> dict:
+    """Static KV head dim, `fixes` (GEMMA_EMBED_SCALE_FIX), edgespec metadata; returns op counts."""
     import onnx  # lazy: onnx and torch are the [export] extra; `edgespec --help` imports this module
 
     model = onnx.load(str(path), load_external_data=False)
+    if GEMMA_EMBED_SCALE_FIX in fixes and _fix_embed_scale(model, hidden_size) is None:
+        raise ExportError("the builder's Gemma graph has no embedding-scale constant to correct")
     for vi in [*model.graph.input, *model.graph.output]:
         if vi.name.startswith(("past_key_values.", "present.")):
             dim = vi.type.tensor_type.shape.dim[3]
@@ -173,7 +218,8 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
     for f in list(out.iterdir()):         # keep the graph, its data and the genai config
         if f.name not in ("model.onnx", ox.DATA_NAME, "genai_config.json"):
             f.unlink() if f.is_file() else shutil.rmtree(f)
-    ops = _finish_graph(out / "model.onnx", info["head_dim"], precision)
+    fixes = graph_fixes(hf_dir)
+    ops = _finish_graph(out / "model.onnx", info["head_dim"], precision, fixes, info["hidden_size"])
     invariance = None
     if precision in ("int4", "int8") and ep == "cpu" and (hf_dir / "tokenizer.json").is_file():
         invariance = check_batch_invariance(out / "model.onnx", hf_dir / "tokenizer.json", progress)
@@ -196,7 +242,7 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
     meta = {"name": name, "source_sha256": source_sha256, "hf_dir": str(hf_dir), "task": ox.TASK,
             "dtype": "float32" if precision in ("fp32", "int4", "int8") else precision,
             "graph": {"kind": "builder", "builder": f"onnxruntime-genai {builder_version()}", "precision": precision,
-                      "ep": ep, "options": options, "nodes": int(sum(ops.values())),
+                      "ep": ep, "options": options, "fixes": list(fixes), "nodes": int(sum(ops.values())),
                       "group_query_attention": int(ops.get("GroupQueryAttention", 0)),
                       "kv_cache": "shared" if ops.get("GroupQueryAttention") else "copy"},
             "external_data": (out / ox.DATA_NAME).is_file(), "info": info, "params": int(params),

@@ -12,7 +12,8 @@ from pathlib import Path
 from edgespec.errors import ModelSourceError
 from edgespec.hashing import sha256_file
 from edgespec.models import model_recipes
-from edgespec.models.weights import SOURCE_FILE, ModelSource, cached_dir, convert_gguf, pull
+from edgespec.models.gguf_tokenizer import converted_here
+from edgespec.models.weights import SOURCE_FILE, ModelSource, cached_dir, convert_gguf, pull, refresh_tokenizer
 from edgespec.paths import models_dir
 
 
@@ -43,6 +44,8 @@ def resolve(spec: str, progress: bool = True) -> ModelSource:
         out = models_dir() / f"gguf-{digest[:16]}"
         if cached_dir(out.name) is None:
             convert_gguf(path, out, {"gguf": str(path), "sha256": digest})
+        elif not converted_here(out):        # written by an older tokenizer converter
+            refresh_tokenizer(out, path)
         return ModelSource(spec, "gguf", out, digest, path.stem)
     if "/" in spec and not spec.startswith((".", "/")):
         return _from_hub(spec)

@@ -11,7 +11,9 @@ path the manifest names (`target.onnx`, `drafter.onnx`, `vocab.vocab_file`, `voc
 `vocab.affinity`, `vocab.randomised`, and the fixed tokenizer / vocabulary-map paths) must be a
 relative path listed in `files` that resolves, symlinks followed, to a file inside the bundle; no
 symlink in the bundle may point outside it; and each side's tokenizer must have the `vocab_hash`
-the manifest records (the hash export computed). Any problem raises BundleError with a one-line
+the manifest records (the hash export computed), and must not be a known-wrong GGUF conversion
+(`stale_gguf_tokenizer`: Gemma's tokenizer as transformers 4.57 converted it; "re-export with edgespec
+>= TOKENIZER_FIXED_IN"). Any problem raises BundleError with a one-line
 message. Nothing here unpickles: .npy files load with allow_pickle=False, and the optional affinity
 matrix is plain CSR arrays in an .npz.
 """
@@ -27,13 +29,18 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from edgespec.errors import BundleError
+from edgespec.errors import BundleError, GenerationError
 from edgespec.hashing import sha256_file
 from edgespec.runtime.manifest import SIDES, check_io, check_required_files, is_target_only, read_manifest, shown
 from edgespec.runtime.vocab import vocab_hash
 
 FAST_HASH_LIMIT = 64 * 1024**2
 VERIFY_MODES = ("full", "fast", "none")
+# Bundles exported before edgespec's own GGUF tokenizer converter (models/gguf_tokenizer.py) carry
+# transformers 4.57's conversion of Gemma's GGUF tokenizer: a Unigram model over what is a
+# SentencePiece BPE vocabulary, which tokenizes differently from the model's own tokenizer
+# (" the" -> "▁t he"). Those are refused; this is the first version with the fix.
+TOKENIZER_FIXED_IN = "0.1.1"
 
 
 @dataclass
@@ -139,6 +146,14 @@ class Bundle:
 
     @property
     def chat_template(self) -> str | None:
+        return self.target.chat_template
+
+    def require_chat_template(self) -> str:
+        """The chat template, or a one-line GenerationError naming the bundle (a GGUF without
+        tokenizer.chat_template, e.g. a base model: plain prompts still work)."""
+        if not self.target.chat_template:
+            raise GenerationError(f"bundle {self.path} has no chat template (its model came without one): "
+                                  "chat mode is off for it; use a plain prompt")
         return self.target.chat_template
 
     def __repr__(self) -> str:
@@ -314,6 +329,10 @@ def _load_side(root: Path, manifest: dict, side: str) -> ModelFiles:
     except Exception as exc:  # tokenizers raises plain Exception on a bad file
         raise BundleError(f"bundle {root}: {side}/tokenizer.json cannot be loaded "
                           f"({' '.join(str(exc).split())[:120]})") from exc
+    stale = stale_gguf_tokenizer(tok)
+    if stale:
+        raise BundleError(f"bundle {root}: its {side} tokenizer is {stale}; re-export with edgespec >= "
+                          f"{TOKENIZER_FIXED_IN}")
     want, have = info["tokenizer"]["vocab_hash"], vocab_hash(tok)
     if have != want:
         raise BundleError(f"bundle {root}: {side}/tokenizer.json is not the {side} tokenizer this bundle was exported "
@@ -326,6 +345,17 @@ def _load_side(root: Path, manifest: dict, side: str) -> ModelFiles:
         except (OSError, ValueError) as exc:
             raise BundleError(f"bundle {root}: {side}/chat_template.jinja is unreadable ({exc})") from exc
     return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer=tok, chat_template=tpl, io=io)
+
+
+def stale_gguf_tokenizer(tok) -> str | None:
+    """Why `tok` is a known-wrong GGUF conversion (None if it is not): a Unigram model over Gemma's
+    vocabulary (its turn markers and SentencePiece byte pieces). Gemma's real tokenizer is BPE with byte
+    fallback, so only transformers' GGUF conversion (#41494) produces this combination."""
+    if type(tok.model).__name__ != "Unigram":
+        return None
+    if all(tok.token_to_id(t) is not None for t in ("<start_of_turn>", "<end_of_turn>", "<0x00>", "<0xFF>")):
+        return "the wrong Gemma tokenizer of transformers' GGUF conversion (Unigram instead of BPE)"
+    return None
 
 
 def _why(exc: BaseException) -> str:
