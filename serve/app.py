@@ -109,7 +109,7 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
         if get in done:
             return get.result()
         get.cancel()
-        job.cancel("disconnect")
+        worker.drop(job, "disconnect")
         return None
 
     async def complete(request: Request, kind: str):
@@ -133,7 +133,7 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
             while first is not None and first[0] == "delta":      # not possible before "start"; defensive
                 first = await next_event(job, request)
         except asyncio.CancelledError:
-            job.cancel("disconnect")
+            worker.drop(job, "disconnect")
             raise
         if first is None:
             return JSONResponse({}, status_code=499)

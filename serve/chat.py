@@ -61,11 +61,8 @@ def run_chat(args, stdin=None, out=None, err=None) -> int:
         print(f"edgespec chat with {bundle.path.name} ({dec.strategy.name}); {HELP}", file=err)
     try:
         while True:
-            if tty:
-                out.write(">>> ")
-                out.flush()
             try:
-                line = stdin.readline()
+                line = _read_line(tty, stdin)
             except KeyboardInterrupt:
                 out.write("\n")
                 continue
@@ -101,6 +98,20 @@ def run_chat(args, stdin=None, out=None, err=None) -> int:
     finally:
         dec.close()
     return 0
+
+
+def _read_line(tty: bool, stdin) -> str:
+    """One line ('' at the end of input); a terminal gets a prompt and line editing."""
+    if not tty:
+        return stdin.readline()
+    try:
+        import readline  # noqa: F401  lazy: line editing and history for input(), where available
+    except ImportError:
+        pass
+    try:
+        return input(">>> ") + "\n"
+    except EOFError:
+        return ""
 
 
 def _turn(dec, history, args, out, err):

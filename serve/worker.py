@@ -77,6 +77,15 @@ class Worker:
             self._queue.append(job)
             self._cond.notify()
 
+    def drop(self, job: Job, reason: str) -> None:
+        """Cancel a job; a queued one also leaves the queue at once (its slot frees up)."""
+        job.cancel(reason)
+        with self._cond:
+            try:
+                self._queue.remove(job)
+            except ValueError:
+                pass
+
     def retry_after(self) -> int:
         mean = sum(self._service_s) / len(self._service_s) if self._service_s else 1.0
         return max(1, math.ceil(mean * (len(self._queue) + 1)))
