@@ -104,23 +104,23 @@ def test_startup_line_and_models(server):
 def test_completion_plain_and_streamed_equal_the_decoder(server, ref):
     client = server.client()
     for prompt in PROMPTS[:2]:
-        want = ref.generate(prompt, max_new_tokens=24)
-        got = client.completions.create(model="smollm", prompt=prompt, max_tokens=24, temperature=0)
+        want = ref.generate(prompt, max_new_tokens=16)
+        got = client.completions.create(model="smollm", prompt=prompt, max_tokens=16, temperature=0)
         assert got.choices[0].text == want.text
         assert got.usage.completion_tokens == len(want.token_ids)
         assert got.usage.prompt_tokens == len(want.prompt_token_ids)
         assert got.choices[0].finish_reason == ("length" if want.stats.stop_reason == "length" else "stop")
         ext = got.model_extra["edgespec"]
         assert {"strategy", "draft_length", "acceptance", "tau", "decode_tokens_per_s"} <= set(ext)
-        chunks = list(client.completions.create(model="smollm", prompt=prompt, max_tokens=24, temperature=0,
+        chunks = list(client.completions.create(model="smollm", prompt=prompt, max_tokens=16, temperature=0,
                                                 stream=True, stream_options={"include_usage": True}))
         assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
         assert chunks[-1].usage.completion_tokens == len(want.token_ids) and not chunks[-1].choices
         assert chunks[-2].choices[0].finish_reason == got.choices[0].finish_reason
-    want = ref.generate(PROMPTS[2], max_new_tokens=24, stop=["\n"])      # a stop string ends it early
-    got = client.completions.create(model="smollm", prompt=PROMPTS[2], max_tokens=24, temperature=0, stop="\n")
+    want = ref.generate(PROMPTS[2], max_new_tokens=16, stop=["\n"])      # a stop string ends it early
+    got = client.completions.create(model="smollm", prompt=PROMPTS[2], max_tokens=16, temperature=0, stop="\n")
     assert got.choices[0].text == want.text and got.usage.completion_tokens == len(want.token_ids)
-    assert got.choices[0].finish_reason == "stop" and len(want.token_ids) < 24
+    assert got.choices[0].finish_reason == "stop" and len(want.token_ids) < 16
 
 
 def test_chat_plain_and_streamed_equal_the_decoder(server, ref):

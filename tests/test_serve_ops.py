@@ -18,7 +18,7 @@ pytestmark = pytest.mark.real
 
 KEY = "sekret-123"
 COUNTING = {"model": "smollm", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 1000, "temperature": 0}   # no EOS soon
-TIMEOUT_S = 3
+TIMEOUT_S = 5           # long enough for the queue tests' running stream on a busy 2-core machine
 
 
 @pytest.fixture(scope="module")
@@ -68,14 +68,15 @@ def test_api_key(server):
 
 
 def test_queue_full_is_429_with_retry_after(server):
-    with httpx.Client(base_url=server.url, headers=auth(), timeout=60) as h:
+    with httpx.Client(base_url=server.url, headers=auth(), timeout=60) as h, \
+            httpx.Client(base_url=server.url, headers=auth(), timeout=60) as other:
         with h.stream("POST", "/v1/completions", json={**COUNTING, "stream": True}) as running:
-            first = next(events(running))
+            stream = events(running)            # keep a reference: a collected generator closes the response
+            first = next(stream)
             assert first["choices"][0]["text"] is not None
             queued: dict = {}
             t = threading.Thread(target=lambda: queued.update(
-                r=httpx.post(server.url + "/v1/completions", headers=auth(), timeout=60,
-                             json={**COUNTING, "max_tokens": 2})))
+                r=other.post("/v1/completions", json={**COUNTING, "max_tokens": 2})))
             t.start()
             wait_for(h, lambda s: s["queued"] == 1, "the second request to queue")
             r = h.post("/v1/completions", json={**COUNTING, "max_tokens": 2})
@@ -104,12 +105,13 @@ def _stream(h: httpx.Client):
 
 
 def test_sigterm_ends_streams_with_a_final_chunk_and_exits_0(server):
-    with httpx.Client(base_url=server.url, headers=auth(), timeout=60) as h:
+    with httpx.Client(base_url=server.url, headers=auth(), timeout=60) as h, \
+            httpx.Client(base_url=server.url, headers=auth(), timeout=60) as other:
         stream = _stream(h)
         assert next(stream)["choices"][0]["finish_reason"] is None
         queued: dict = {}
         t = threading.Thread(target=lambda: queued.update(
-            r=httpx.post(server.url + "/v1/completions", headers=auth(), timeout=60, json={**COUNTING, "max_tokens": 2})))
+            r=other.post("/v1/completions", json={**COUNTING, "max_tokens": 2})))
         t.start()
         wait_for(h, lambda s: s["queued"] == 1, "the second request to queue")
         server.proc.send_signal(signal.SIGTERM)
