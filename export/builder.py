@@ -71,6 +71,11 @@ def unsupported_reason(hf_dir: Path) -> str | None:
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch not in ARCHITECTURES:
         return f"the model builder does not take architecture {arch}"
+    types = ox.text_config(cfg).get("layer_types")
+    if arch == "Gemma3ForCausalLM" and types and \
+            [t != "full_attention" for t in types] != [bool((i + 1) % 6) for i in range(len(types))]:
+        # builders/gemma.py: Gemma3Model.is_local ignores layer_types (every 6th layer global)
+        return "the model builder assumes Gemma-3's every-6th-layer global attention; this model's layer_types differ"
     if builder_version() is None:
         return "onnxruntime-genai (the model builder) is not installed; pip install 'edgespec[export]'"
     return None
