@@ -133,3 +133,57 @@ class HeteroContext:
 
 def drafter_context(bundle):
     return SameContext(bundle) if bundle.same_tokenizer else HeteroContext(bundle)
+
+
+class DrafterWindow:
+    """The part of the committed text the drafter's KV holds: `sink` + ctx.ids[anchor:covered].
+
+    A drafter guesses the next few tokens from recent context, so it never needs the whole prompt:
+    its KV holds at most `size` positions. The first fill takes the last size - 1 tokens; when the KV
+    would grow past `size`, it restarts from the last size // 2 tokens (one batched forward of those,
+    about one drafter position re-fed per generated token). A drafter whose tokenizer adds a BOS keeps
+    it in front of a window that starts later (`sink`). size None: the whole text (no window).
+    The window only changes what the drafter proposes, never what verification accepts."""
+
+    def __init__(self, size: int | None, drafter_bos: int | None = None):
+        self.size = size
+        self.drafter_bos = drafter_bos
+        self.anchor = 0
+        self.sink: list[int] = []
+        self.refills = 0                # re-anchorings after the first fill (stats)
+
+    def covered(self, kv_length: int) -> int:
+        """ctx.ids[:covered] is what a KV of kv_length positions holds (from anchor on)."""
+        return self.anchor + max(0, kv_length - len(self.sink))
+
+    def inputs(self, ids: list[int], runner) -> list[int]:
+        """The drafter ids to feed so that its KV ends with ids[-1], re-anchoring (and resetting the
+        runner) when the KV would exceed the window; at least one id (the last is re-run for fresh
+        logits when the KV already holds everything)."""
+        n = len(ids)
+        if self.size is not None and (self.anchor >= n or n - self.anchor + len(self.sink) > self.size):
+            first = runner.length == 0 and self.anchor == 0
+            keep = self.size - 1 if first else max(1, self.size // 2)
+            anchor = max(0, n - keep)
+            if anchor != self.anchor or runner.length:
+                self.refills += not first
+                runner.reset()
+            self.anchor = anchor
+            bos = self.drafter_bos
+            self.sink = [bos] if bos is not None and anchor > 0 and ids[0] == bos else []
+        kv = runner.length
+        if self.covered(kv) >= n:
+            runner.crop(kv - 1)
+            kv -= 1
+        return self.sink[min(kv, len(self.sink)):] + ids[self.covered(kv):]
+
+    def keep_valid(self, valid: int, runner) -> None:
+        """Crop the KV to what ctx.ids[:valid] (unchanged text) still supports."""
+        if valid < self.anchor:
+            runner.reset()
+        else:
+            runner.crop(min(runner.length, valid - self.anchor + len(self.sink)))
+
+    def room(self, n: int) -> int:
+        """KV positions the window would hold after feeding up to ctx position n."""
+        return n - self.anchor + len(self.sink)

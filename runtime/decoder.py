@@ -18,6 +18,7 @@ import copy
 import difflib
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -30,6 +31,7 @@ from edgespec.runtime.chat import as_messages, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.governor import Governor
 from edgespec.runtime.kv import ModelRunner
+from edgespec.runtime.prefix import PrefixCache
 from edgespec.runtime.randomised import SideRunner
 from edgespec.runtime.rounds import Generation, draft_tokens
 from edgespec.runtime.sampling import SamplingParams, make_rng
@@ -37,6 +39,29 @@ from edgespec.runtime.sessions import check_threads, create_session
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.strategies import STRATEGIES, choose_auto, get_strategy
 from edgespec.runtime.text import TextState
+
+# Drafter context window (context.DrafterWindow): acceptance against window size, README "Long prompts".
+DEFAULT_DRAFTER_WINDOW = 128
+PLAIN_STEPS = ("exact", "fast")
+
+
+def check_plain_steps(value) -> str:
+    """"exact": a 1-token target step is padded to the graph's min_forward_tokens, so it computes the
+    function a verify forward computes (greedy output = speculative output); "fast": the 1-token kernel
+    path, as onnxruntime-genai runs it (20-25% faster on int4 builder graphs; its greedy output may
+    differ from the padded one where two logits nearly tie)."""
+    if value not in PLAIN_STEPS:
+        raise GenerationError(f"plain_steps must be 'exact' or 'fast', got {value!r}")
+    return value
+
+
+def check_drafter_window(value) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 2:
+        raise GenerationError(f"drafter_window must be an integer >= 2 (drafter context positions) or None "
+                              f"(the whole text), got {value!r}")
+
 
 @dataclass
 class GenerationResult:
@@ -49,14 +74,20 @@ class GenerationResult:
 class SpeculativeDecoder:
     """Speculative decoding over an edgespec bundle. See docs/architecture.md for the API."""
 
-    def __init__(self, bundle: Bundle | str | Path, strategy: str = "auto", draft_length: int | str = 4, ep="cpu",
-                 draft_ep=None, threads: int | None = None, allow_fallback: bool = False,
+    def __init__(self, bundle: Bundle | str | Path, strategy: str = "auto", draft_length: int | str = "auto",
+                 ep="cpu", draft_ep=None, threads: int | None = None, allow_fallback: bool = False,
                  draft_probability: float | str | None = None, draft_threads: int | None = None,
                  concurrent_draft: bool = True, max_draft_length: int = 8, draft_confidence: float | None = None,
-                 **strategy_options):
+                 drafter_window: int | None = DEFAULT_DRAFTER_WINDOW, plain_steps: str = "exact",
+                 prefix_reuse: bool = True, **strategy_options):
         strat = get_strategy(strategy)
         check_draft_length(draft_length)       # argument checks first: loading and sessions take seconds
         check_draft_length(max_draft_length)
+        self.plain_steps = check_plain_steps(plain_steps)
+        check_drafter_window(drafter_window)
+        if not isinstance(prefix_reuse, (bool, np.bool_)):
+            raise GenerationError(f"prefix_reuse must be True or False, got {prefix_reuse!r}")
+        self.prefix_reuse = bool(prefix_reuse)
         check_threads(threads)
         check_threads(draft_threads, "draft_threads")
         _check_options(strategy_options)
@@ -87,10 +118,23 @@ class SpeculativeDecoder:
             self._check_runner(self.drafter, dinfo, bundle.kept, "drafter")
             self._check_constant_outputs()
             self.ctx = drafter_context(bundle)          # token tables: built once per decoder
+        self.drafter_window = self._clamp_window(drafter_window, max_draft_length)
         self.eos_ids = frozenset(bundle.target.eos_ids)
         self._shared = _Shared()
         self.max_draft_length, self.draft_confidence = max_draft_length, draft_confidence
         self._configure(strat, draft_length, draft_probability, concurrent_draft, strategy_options)
+
+    def _clamp_window(self, window: int | None, max_draft_length: int) -> int | None:
+        """The drafter window, at most what the drafter's context holds with a full draft (said once)."""
+        limit = self.drafter.max_position if self.drafter is not None else None
+        if window is None or not limit:
+            return window
+        room = max(2, limit - max_draft_length - 2)
+        if window > room:
+            warnings.warn(f"drafter_window {window} exceeds the drafter's context ({limit} positions, "
+                          f"{max_draft_length} drafts): using {room}", stacklevel=3)
+            return room
+        return int(window)
 
     def _configure(self, strat, draft_length, draft_probability, concurrent_draft, options) -> None:
         """Per-strategy settings (everything that is not a session)."""
@@ -100,8 +144,6 @@ class SpeculativeDecoder:
         c = self.draft_confidence
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c < 1.0):
             raise GenerationError(f"draft_confidence must be in (0, 1) or None, got {c!r}")
-        if draft_length == "auto" and not strat.speculative:
-            raise GenerationError(f"draft_length='auto' needs a speculative strategy, not {strat.name!r}")
         if strat.uses_drafter and not self.bundle.has_drafter:
             raise GenerationError(f"bundle {self.bundle.path} has no drafter: strategy {strat.name!r} needs one; "
                                   "use strategy 'ngram' (prompt lookup) or 'ar'")
@@ -138,12 +180,14 @@ class SpeculativeDecoder:
 
     def variant(self, strategy: str | None = None, draft_length: int | None = None,
                 draft_probability: float | str | None = None, concurrent_draft: bool | None = None,
-                **strategy_options) -> "SpeculativeDecoder":
+                plain_steps: str | None = None, **strategy_options) -> "SpeculativeDecoder":
         """Another strategy / draft length on the SAME sessions, KV runners and token tables (no new
         session; only the per-round scratch arrays are new). Generations of a decoder and its variants must not interleave: a
         newer call supersedes an unfinished stream of any of them."""
         new = copy.copy(self)
         new.last_result = None
+        if plain_steps is not None:
+            new.plain_steps = check_plain_steps(plain_steps)
         strat = get_strategy(strategy) if strategy is not None else self.strategy
         if strat.name == "auto" and not self.bundle.has_drafter:
             strat = get_strategy("ngram")
@@ -157,6 +201,10 @@ class SpeculativeDecoder:
         return new
 
     # ------------------------------------------------------------------ resources
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        return self._shared.prefix
+
     @property
     def generation_id(self) -> int:
         """Number of the newest generation of this decoder and its variants."""
@@ -309,6 +357,8 @@ class SpeculativeDecoder:
                                if i is not None and i.fallback]
         text_state = TextState(self.bundle.target.tokenizer, stops)
         reason = "interrupted"
+        finished = False
+        kv_ids = None
         yield ""
         try:
             new = gen.prefill()
@@ -318,6 +368,7 @@ class SpeculativeDecoder:
                 if incremental or stops or reason is not None:
                     reason = text_state.update(gen.generated, reason) or reason
                 if text_state.stopped_at is not None:
+                    kv_ids = prompt_ids + gen.generated            # the KV holds tokens past the stop
                     del gen.generated[text_state.stopped_at:]
                 delta = text_state.take(final=reason is not None)
                 if delta:
@@ -325,6 +376,7 @@ class SpeculativeDecoder:
                 if reason is not None:
                     break
                 new = gen.round()
+            finished = True
         finally:
             st = gen.stats
             st.total_ms = (time.perf_counter() - t_start) * 1e3
@@ -334,6 +386,10 @@ class SpeculativeDecoder:
             if dec.governor is not None and st.gamma_per_step:
                 st.draft_length = float(np.mean(st.gamma_per_step))
             st.drafter_resyncs = gen.ctx.resyncs if gen.ctx is not None else 0
+            st.draft_refills = gen.window.refills if gen.window is not None else 0
+            if finished and self.prefix_reuse and gen.id == self._shared.generation:
+                kv_ids = (kv_ids or prompt_ids + gen.generated)[:gen.target.length]
+                self._shared.prefix.remember(kv_ids, gen.ctx.ids if gen.ctx else None, gen.window)
             if gen.id == self._shared.generation:   # a superseded stream must not overwrite a newer result
                     self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,
@@ -345,13 +401,12 @@ class _Shared:
 
     def __init__(self):
         self.generation = 0
+        self.prefix = PrefixCache()        # what the shared runners' KV holds (prefix reuse)
         self.side_runner: SideRunner | None = None
         self.lock = threading.Lock()
 
 
 MAX_DRAFT_LENGTH = 64       # more drafts per verify only waste forwards (acceptance decays geometrically)
-
-
 def check_draft_length(k) -> None:
     if k == "auto":
         return

@@ -160,12 +160,13 @@ class ModelRunner:
         self.capacity = cap
 
     # ------------------------------------------------------------------ running
-    def forward(self, ids: Sequence[int] | np.ndarray, last: int | None = None) -> np.ndarray:
+    def forward(self, ids: Sequence[int] | np.ndarray, last: int | None = None, pad: bool = True) -> np.ndarray:
         """Logits [len(ids), V] for `ids` appended after the cached positions; the cache grows by len(ids).
         `last=k`: only the last k positions' logits [k, V] (a prefill needs one row). A graph with a
         `logits_to_keep` input computes only those rows, at least `min_tokens` of them so that the head
-        runs on the same kernel path as a verify forward; any other graph computes all and slices."""
-        if 0 < len(ids) < self.min_tokens:  # pad with the last id, then drop it: causal, so exact
+        runs on the same kernel path as a verify forward; any other graph computes all and slices.
+        pad=False: a short forward takes the graph's own (fast) path, unpadded."""
+        if pad and 0 < len(ids) < self.min_tokens:  # pad with the last id, then drop it: causal, so exact
             flat = np.asarray(ids, dtype=np.int64).ravel()
             pad = self.min_tokens - flat.size
             logits = self.forward(np.concatenate([flat, np.repeat(flat[-1:], pad)]))
@@ -175,7 +176,7 @@ class ModelRunner:
         s = len(ids)
         past = self.length
         input_ids = np.asarray(ids, dtype=np.int64).reshape(1, s)
-        rows = s if last is None or not self.keeps_last else min(s, max(int(last), self.min_tokens))
+        rows = s if last is None or not self.keeps_last else min(s, max(int(last), self.min_tokens if pad else 1))
         t0 = time.perf_counter()
         logits = self._run_shared(input_ids, past, rows) if self.shared else self._run_copy(input_ids, past, rows)
         if last is not None:

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from edgespec.errors import GenerationError
+from edgespec.runtime.context import DrafterWindow
 from edgespec.runtime.randomised import chain_length
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
 from edgespec.runtime.stats import GenerationStats
@@ -52,7 +53,7 @@ def speculative_round(gen: "Generation", gamma: int) -> list[int]:
     strategy = gen.dec.strategy if gamma > 0 else TOKEN_LEVEL
     draft = strategy.propose(gen, gamma)
     try:
-        logits = gen.target.forward([gen.last, *draft.tokens])
+        logits = gen.target.forward([gen.last, *draft.tokens], pad=bool(draft.tokens) or gen.dec.plain_steps == "exact")
     finally:                            # never leave the drafter running behind us
         no_draft_row = draft.pending.result()[-1] if draft.pending is not None else None
     gen.stats.record_verify(len(draft.tokens) + 1, gen.target.last_ms)
@@ -147,7 +148,7 @@ def rollback(gen: "Generation", draft: Draft, n_acc: int, t: int) -> None:
     if ctx is None:
         return
     keep = draft.keep[n_acc]
-    fed = ctx.ids[keep:gen.drafter.length]              # tokens already in the drafter's KV
+    fed = ctx.ids[keep:gen.window.covered(gen.drafter.length)]     # tokens already in the drafter's KV
     del ctx.ids[keep:]
     valid = keep
     for tok in [*draft.tokens[:n_acc], t] if draft.refeed else [t]:
@@ -157,7 +158,7 @@ def rollback(gen: "Generation", draft: Draft, n_acc: int, t: int) -> None:
         while same < len(fed) and keep + same < len(ctx.ids) and ctx.ids[keep + same] == fed[same]:
             same += 1
         valid += same
-    gen.drafter.crop(min(gen.drafter.length, valid))
+    gen.window.keep_valid(valid, gen.drafter)
 
 
 def _done(value) -> Future:
@@ -181,6 +182,8 @@ class Generation:
         self.target = dec.target
         self.drafter = dec.drafter
         self.ctx = dec.ctx
+        d = dec.bundle.drafter if dec.ctx is not None else None
+        self.window = DrafterWindow(dec.drafter_window, d.bos_id if d.add_bos else None) if d is not None else None
         self.generated: list[int] = []
         self.last = -1
         self.id = generation_id
@@ -196,17 +199,27 @@ class Generation:
 
     # -- phases
     def prefill(self) -> list[int]:
+        """The target runs the prompt (after the prefix its KV kept from the previous call: prefix.py)
+        and picks the first token; the drafter's context is set up, and its window filled at its first
+        forward (context.DrafterWindow), not here: TTFT waits for the target only."""
         self.check_current()
-        self.target.reset()
+        cache, reuse = self.dec.prefix_cache, self.dec.prefix_reuse
+        kept = cache.target_reuse(self.prompt_ids, self.target) if reuse else self.target.reset() or 0
+        if self.drafter is not None:
+            self.ctx.start(self.prompt_ids)
+            if reuse:
+                cache.drafter_reuse(self.ctx.ids, self.drafter, self.window)
+            else:
+                self.drafter.reset()
+        cache.forget()                # until this generation ends normally (decoder._run)
+        self.stats.reused_tokens = kept
         self.target.reserve(len(self.prompt_ids) + self.max_new_tokens + self.dec.draft_length + 2)
-        logits = self.target.forward(self.prompt_ids, last=1)[-1]
+        logits = self.target.forward(self.prompt_ids[kept:], last=1)[-1]
         self.stats.prefill_ms += self.target.last_ms
         self.stats.target_forwards += 1
         self.last = self.pick(logits)
         if self.drafter is not None:
-            self.drafter.reset()
-            self.ctx.start(self.prompt_ids)
-            self.ctx.append_target(self.last)
+            self.window.keep_valid(self.ctx.append_target(self.last), self.drafter)
         return [self.last]
 
     def round(self) -> list[int]:
@@ -235,7 +248,7 @@ class Generation:
         if not self.ctx.ids:      # nothing the drafter can condition on (no BOS, only unmapped specials)
             return 0
         if self.drafter.max_position:
-            room = self.drafter.max_position - len(self.ctx.ids) - 2
+            room = self.drafter.max_position - self.window.room(len(self.ctx.ids)) - 2
             if room < gamma:
                 gamma = max(room, 0)
                 self.stats.drafter_fallback_steps += gamma == 0
@@ -259,28 +272,27 @@ class Generation:
         return sample(p[0], self.rng, self.dec.work[1])
 
     def drafter_input(self) -> list[int]:
-        """The drafter tokens its KV lacks; when it lacks none (an emitted special had no drafter id),
-        the last one is re-run for fresh logits."""
-        if self.drafter.length == len(self.ctx.ids):
-            self.drafter.crop(self.drafter.length - 1)
-        return self.ctx.ids[self.drafter.length:]
+        """The drafter tokens its KV lacks within its window (context.DrafterWindow); when it lacks none
+        (an emitted special had no drafter id), the last one is re-run for fresh logits."""
+        return self.window.inputs(self.ctx.ids, self.drafter)
 
     def draft_forward(self) -> np.ndarray:
         """Drafter forward on what its KV lacks; returns the last row of kept-column logits."""
         ids = self.drafter_input()
         row = self.drafter.forward(ids, last=1)[-1]
-        self.book_draft_forward(was_prefill=self.drafter.length == len(ids))
+        self.book_draft_forward(was_prefill=self.drafter.length == len(ids), tokens=len(ids))
         return row
 
-    def book_draft_forward(self, was_prefill: bool, overlap_from: float | None = None) -> None:
-        """Drafter time: its first forward of a generation is prefill; one that ran beside the verify
-        forward (`overlap_from` = when it was submitted) also books the time the two overlapped."""
+    def book_draft_forward(self, was_prefill: bool, overlap_from: float | None = None, tokens: int = 0) -> None:
+        """Drafter time: a forward on an empty KV fills its window (draft_prefill_ms); one that ran beside
+        the verify forward (`overlap_from` = when it was submitted) also books the time the two overlapped."""
         ms, st = self.drafter.last_ms, self.stats
         st.draft_forwards += 1
         if overlap_from is not None:
             st.overlap_ms += max(0.0, ms + self.target.last_ms - (time.perf_counter() - overlap_from) * 1e3)
         if was_prefill:
-            st.prefill_ms += ms
+            st.draft_prefill_ms += ms
+            st.draft_prefill_tokens += tokens
         else:
             st.draft_ms += ms
             st.draft_ms_steps.append(ms)

@@ -5,6 +5,8 @@ Counts
   generation; never more than max_new_tokens. With a stop string, tokens after the one that completed
   it are not counted (none are generated past it).
 - `prompt_tokens`: target tokens in the prompt (after the chat template and BOS handling).
+- `reused_tokens`: prompt tokens whose target KV was kept from the previous call (prefix reuse:
+  runtime/prefix.py); the prefill ran the other prompt_tokens - reused_tokens.
 - `target_forwards`: target ORT runs, prefill included (= 1 + verify_forwards).
 - `verify_forwards`: target runs after the prefill. For `ar` each is a 1-token decode step.
 - `draft_forwards`: drafter ORT runs, its prefill included (the drafter prefill is the first drafter
@@ -33,10 +35,15 @@ Derived (properties)
 Times (ms, wall clock, time.perf_counter)
 - `total_ms`: from the call (after argument checks) to the last token; tokenisation included.
 - `ttft_ms`: from the call to the first generated token being available.
-- `prefill_ms`: the target's prefill run + the drafter's prefill run (ORT time only).
-- `draft_ms`: drafter ORT runs after its prefill.
+- `prefill_ms`: the target's prefill run (ORT time only): the prompt tokens it had to run, after any
+  prefix reused from the previous call (`reused_tokens`).
+- `draft_prefill_ms`: the drafter's fills of its context window (runtime/context.py DrafterWindow): the
+  first, at the first drafting round (so after TTFT, inside the decode phase), and each later refill
+  (`draft_refills`); `draft_prefill_tokens` drafter tokens in all. Its own field: never hidden in
+  prefill_ms, draft_ms or TTFT.
+- `draft_ms`: drafter ORT runs other than fills (drafting steps and catch-ups).
 - `verify_ms`: target ORT runs after its prefill.
-- `overhead_ms` = total_ms - prefill_ms - draft_ms - verify_ms + overlap_ms: everything that is not an
+- `overhead_ms` = total_ms - prefill_ms - draft_prefill_ms - draft_ms - verify_ms + overlap_ms: everything that is not an
   ORT run (tokenisation, templates, sampling, strategies, verify arithmetic, KV slicing, text decoding).
 - `sampler_ms`: NumPy time turning drafter logits into the draft (the strategy's distribution q over
   target ids, or its greedy pick): masking, TLI renormalisation, RDK's Taylor term or M^T q'. Part of
@@ -78,6 +85,7 @@ class GenerationStats:
     draft_length_setting: int | str = 0
     new_tokens: int = 0
     prompt_tokens: int = 0
+    reused_tokens: int = 0
     prefill_tokens: int = 0          # tokens emitted straight from the target's prefill (1, or 0 if none)
     target_forwards: int = 0
     verify_forwards: int = 0
@@ -90,6 +98,9 @@ class GenerationStats:
     total_ms: float = 0.0
     ttft_ms: float = 0.0
     prefill_ms: float = 0.0
+    draft_prefill_ms: float = 0.0
+    draft_prefill_tokens: int = 0
+    draft_refills: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     overlap_ms: float = 0.0
@@ -106,7 +117,8 @@ class GenerationStats:
 
     @property
     def overhead_ms(self) -> float:
-        return max(self.total_ms - self.prefill_ms - self.draft_ms - self.verify_ms + self.overlap_ms, 0.0)
+        return max(self.total_ms - self.prefill_ms - self.draft_prefill_ms - self.draft_ms - self.verify_ms
+                   + self.overlap_ms, 0.0)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -176,5 +188,5 @@ class GenerationStats:
         tau = "-" if self.tau is None else f"{self.tau:.2f}"
         return (f"{self.strategy} k={self.draft_length}: {self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s, "
                 f"acceptance {acc}, tau {tau}, ttft {self.ttft_ms:.0f} ms, prefill {self.prefill_ms:.0f} ms, "
-                f"draft {self.draft_ms:.0f} ms, verify {self.verify_ms:.0f} ms, overhead {self.overhead_ms:.0f} ms, "
+                f"draft prefill {self.draft_prefill_ms:.0f} ms, draft {self.draft_ms:.0f} ms, verify {self.verify_ms:.0f} ms, overhead {self.overhead_ms:.0f} ms, "
                 f"resyncs {self.drafter_resyncs}")

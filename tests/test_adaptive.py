@@ -62,8 +62,8 @@ LOOKUP_PROMPT = list(range(20, 500))
 
 
 @pytest.mark.parametrize("cfg, prompt", [
-    (dict(strategy="ngram", ngram_max_n=1), LOOKUP_PROMPT),
-    (dict(strategy="ngram-tli", ngram_max_n=1), LOOKUP_PROMPT),    # lookup mode, then the drafter
+    (dict(strategy="ngram", ngram_max_n=1, draft_length=4), LOOKUP_PROMPT),
+    (dict(strategy="ngram-tli", ngram_max_n=1, draft_length=4), LOOKUP_PROMPT),    # lookup mode, then the drafter
     (dict(strategy="tli", draft_length="auto", draft_confidence=0.3), None),
 ])
 def test_samples_the_target_distribution(tiny_self_bundle, cfg, prompt):
@@ -93,7 +93,9 @@ def test_broken_verifier_fails_with_prompt_lookup(tiny_self_bundle, monkeypatch,
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(strategy="ar", draft_length="auto"), "needs a speculative strategy"),
+    (dict(strategy="tli", drafter_window=1), "drafter_window"),
+    (dict(strategy="tli", plain_steps="quick"), "plain_steps"),
+    (dict(strategy="tli", prefix_reuse="yes"), "prefix_reuse"),
     (dict(strategy="ngram", ngram_max_n=0), "ngram_max_n"),
     (dict(strategy="ngram", draft_probability=0.5), "token-level"),
     (dict(strategy="slem", draft_probability=0.5), "token-level"),
@@ -103,6 +105,12 @@ def test_broken_verifier_fails_with_prompt_lookup(tiny_self_bundle, monkeypatch,
 def test_bad_settings(tiny_self_bundle, kwargs, match):
     with pytest.raises(GenerationError, match=match):
         SpeculativeDecoder(tiny_self_bundle, threads=1, **kwargs)
+
+
+def test_ar_takes_the_default_auto_draft_length_and_drafts_nothing(tiny_self_bundle):
+    dec = SpeculativeDecoder(tiny_self_bundle, strategy="ar", threads=1)        # draft_length="auto" by default
+    st = dec.generate(PROMPTS[3], max_new_tokens=6).stats
+    assert st.drafted == 0 and st.draft_forwards == 0 and st.verify_forwards == st.new_tokens - 1
 
 
 def test_auto_picks_slem_for_a_hetero_pair_and_tli_for_a_shared_tokenizer(tiny_hetero_bundle, tiny_self_bundle):
@@ -139,7 +147,7 @@ def test_ngram_tli_auto_keeps_one_governor_per_proposer(tiny_self_bundle):
     assert dec.generate(prompt, max_new_tokens=40).token_ids == ar.generate(prompt, max_new_tokens=40).token_ids
     assert set(dec.source_governors) <= {"ngram", "drafter"} and dec.source_governors
     assert dec.governor_for(None) is dec.governor and dec.governor_for("ngram") is dec.governor_for("ngram")
-    assert SpeculativeDecoder(tiny_self_bundle, strategy="ngram-tli", threads=1).governor_for("ngram") is None
+    assert SpeculativeDecoder(tiny_self_bundle, strategy="ngram-tli", draft_length=4, threads=1).governor_for("ngram") is None
 
 
 def test_ngram_tli_switches_between_lookup_and_drafter_mode():

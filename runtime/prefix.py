@@ -1,0 +1,71 @@
+"""Prefix reuse across calls: a prompt that starts like the previous call's prompt + output (a chat's
+next turn, a fixed system prompt, the same document asked again) keeps the KV of that common prefix,
+for the target and the drafter, and prefills only the rest.
+
+What the KV holds is recorded only when a generation ends normally (EOS, a stop string, the token
+budget). A call starts by forgetting it, so a stream that was closed early, superseded or failed
+leaves nothing to reuse: the next call starts cold, never from a half-written KV.
+
+The target keeps at most len(prompt) - 1 positions: the prompt's last token is always run, since its
+logits give the first new token. Reused positions were computed by the earlier call's forwards (its
+prefill and its verify forwards); a cold prefill computes the same function over the same tokens, and
+on graphs whose 1-token kernel path differs every such forward was padded (runtime/kv.py), so the
+positions hold what a cold prefill puts there up to float summation order. tests/test_prefix.py checks
+that the tokens equal a cold call's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class PrefixCache:
+    """What the shared runners' KV caches hold after the last generation that ended normally."""
+    target_ids: list[int] | None = None          # target ids of the target KV's positions, in order
+    drafter_ids: list[int] | None = None         # the drafter context (ctx.ids) ...
+    drafter_anchor: int = 0                       # ... and the window over it (context.DrafterWindow)
+    drafter_sink: tuple = ()
+
+    def forget(self) -> None:
+        self.target_ids = self.drafter_ids = None
+
+    def remember(self, target_ids: list[int], ctx_ids: list[int] | None = None, window=None) -> None:
+        self.target_ids = list(target_ids)
+        if ctx_ids is not None and window is not None:
+            self.drafter_ids = list(ctx_ids)
+            self.drafter_anchor, self.drafter_sink = window.anchor, tuple(window.sink)
+
+    def target_reuse(self, prompt_ids: list[int], runner) -> int:
+        """Crop the target KV to the longest reusable prefix of prompt_ids (reset when none); returns
+        the number of positions kept. The runner must hold `target_ids` (forget() otherwise)."""
+        n = 0
+        if self.target_ids is not None and len(self.target_ids) == runner.length:
+            n = min(common_prefix(self.target_ids, prompt_ids), len(prompt_ids) - 1)
+        if n > 0:
+            runner.crop(n)
+        else:
+            runner.reset()
+        return n
+
+    def drafter_reuse(self, ctx_ids: list[int], runner, window) -> int:
+        """Keep the drafter KV (and its window) for the part of ctx_ids it still matches; returns the
+        drafter positions kept (0: reset)."""
+        old = self.drafter_ids
+        if old is not None and runner.length:
+            covered = self.drafter_anchor + max(0, runner.length - len(self.drafter_sink))
+            same = common_prefix(old[:covered], ctx_ids)
+            if same > self.drafter_anchor and same < len(ctx_ids):
+                window.anchor, window.sink = self.drafter_anchor, list(self.drafter_sink)
+                window.keep_valid(same, runner)
+                return runner.length
+        runner.reset()
+        window.anchor, window.sink = 0, []
+        return 0
