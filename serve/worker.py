@@ -126,28 +126,28 @@ class Worker:
                 self.current = job
             t0 = time.perf_counter()
             try:
-                self._serve(job)
+                final = self._serve(job)
             except Exception as exc:       # never let one request kill the worker
-                job.post("error", APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
-            finally:
-                self._service_s.append(time.perf_counter() - t0)
-                with self._cond:
-                    self.current = None
-                    self.served += 1
+                final = ("error", APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+            self._service_s.append(time.perf_counter() - t0)
+            with self._cond:               # bookkeeping first: /health is current once the client has its answer
+                self.current = None
+                self.served += 1
+            if final is not None:
+                job.post(*final)
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job) -> tuple | None:
+        """Run one job; returns its final event ("done" or "error"), None for a job cancelled while queued."""
         if job.cancelled.is_set():
-            return
+            return None
         queue_ms = (time.perf_counter() - job.enqueued) * 1e3
         if time.monotonic() >= job.deadline:
-            job.post("error", APIError(504, f"the request timed out after {queue_ms / 1e3:.1f} s in the queue",
-                                       code="timeout"))
-            return
+            return "error", APIError(504, f"the request timed out after {queue_ms / 1e3:.1f} s in the queue",
+                                     code="timeout")
         try:
             stream = self.dec.stream(job.prompt_ids, **job.settings)
         except EdgespecError as exc:
-            job.post("error", APIError(400, str(exc)))
-            return
+            return "error", APIError(400, str(exc))
         job.post("start", {"queue_ms": queue_ms})
         reason = None
         try:
@@ -160,9 +160,7 @@ class Worker:
                     reason = "timeout"
                     break
         except EdgespecError as exc:
-            stream.close()
-            job.post("error", APIError(400, str(exc)))
-            return
+            return "error", APIError(400, str(exc))
         finally:
             stream.close()
         res = self.dec.last_result
@@ -173,5 +171,5 @@ class Worker:
                "decode_tokens_per_s": st.decode_tokens_per_s, "ttft_ms": st.ttft_ms, "total_ms": st.total_ms,
                "queue_ms": queue_ms, "queue_position": job.position, "stop_reason": reason}
         self.last = {"stop_reason": reason, "completion_tokens": len(res.token_ids), "total_ms": st.total_ms}
-        job.post("done", Outcome(text=res.text, prompt_tokens=len(res.prompt_token_ids),
-                                 completion_tokens=len(res.token_ids), stop_reason=reason, ext=ext))
+        return "done", Outcome(text=res.text, prompt_tokens=len(res.prompt_token_ids),
+                               completion_tokens=len(res.token_ids), stop_reason=reason, ext=ext)
