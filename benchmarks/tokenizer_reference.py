@@ -36,6 +36,19 @@ def transformers_agreement(gguf: Path, ours, lines: list[str]) -> int:
     return sum(tok.encode(t, add_special_tokens=False) == ours.encode(t, add_special_tokens=False).ids for t in lines)
 
 
+def _one_line_each(doc: dict) -> str:
+    """JSON with one line per scalar field and per list entry (a readable diff when ids change)."""
+    out = ["{"]
+    for k, v in doc.items():
+        if isinstance(v, list):
+            out += [f"{json.dumps(k)}: ["] + [json.dumps(x, ensure_ascii=False) + ("," if i < len(v) - 1 else "")
+                                             for i, x in enumerate(v)] + ["],"]
+        else:
+            out.append(f"{json.dumps(k)}: {json.dumps(v, ensure_ascii=False)},")
+    out[-1] = out[-1].rstrip(",")
+    return "\n".join(out + ["}"]) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-tokenize", help=f"path to llama.cpp's llama-tokenize (default: ${ref.ENV}, PATH)")
@@ -86,7 +99,7 @@ def main(argv=None) -> int:
             expected = {"gguf": gguf.name, "sha256": recipes[name].sha256, "llama_tokenize": "llama.cpp "
                         + ref.llama_version(binary), "lines": list(ref.REFERENCE_LINES),
                         "ids": [ref.llama_ids(binary, gguf, t) for t in ref.REFERENCE_LINES]}
-            args.write_expected.write_text(json.dumps(expected, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+            args.write_expected.write_text(_one_line_each(expected), encoding="utf-8")
     if args.json:
         args.json.write_text(json.dumps({"corpus": str(args.corpus), "lines": len(lines), "llama_tokenize": str(binary),
                                          "results": results}, indent=2) + "\n")

@@ -156,21 +156,26 @@ def smollm_gguf() -> Path:
     return assemble_gguf(get_model("smollm2-135m"), progress=False)
 
 
+@pytest.fixture(scope="module")
+def smollm_vocab(smollm_gguf) -> gt.GGUFVocab:
+    return gt.read_vocab(smollm_gguf)
+
+
 @pytest.mark.real
-def test_smollm2_ids_are_llama_cpps(smollm_gguf):
+def test_smollm2_ids_are_llama_cpps(smollm_vocab):
     exp = json.loads(EXPECTED.read_text(encoding="utf-8"))
     assert exp["sha256"] == get_model("smollm2-135m").sha256 and exp["lines"] == list(ref.REFERENCE_LINES)
-    tok = gt.build_tokenizer(gt.read_vocab(smollm_gguf))
+    tok = gt.build_tokenizer(smollm_vocab)
     got = [tok.encode(t, add_special_tokens=False).ids for t in exp["lines"]]
     assert [i for i, (a, b) in enumerate(zip(got, exp["ids"])) if a != b] == []
-    assert [t for t, ids in zip(exp["lines"], got) if tok.decode(ids) != t] == []
+    assert [t for t, ids in zip(exp["lines"], got) if tok.decode(ids, skip_special_tokens=False) != t] == []
 
 
 @pytest.mark.real
-def test_smollm2_special_tokens_are_llama_cpps(smollm_gguf, tmp_path):
+def test_smollm2_special_tokens_are_llama_cpps(smollm_gguf, smollm_vocab, tmp_path):
     from edgespec.runtime.vocab import tokenizer_info
 
-    sp = gt.special_tokens(gt.read_vocab(smollm_gguf))
+    sp = gt.special_tokens(smollm_vocab)
     # llama.cpp: bos/eos/pad from the GGUF; EOG = eos + <|endoftext|> by text + <reponame> as FIM repo
     assert (sp.bos_id, sp.eos_id, sp.pad_id, sp.add_bos, sp.add_eos, sp.eog_ids) == (1, 2, 2, False, False, [0, 2, 4])
     gt.write_tokenizer(smollm_gguf, tmp_path)
