@@ -7,6 +7,12 @@ repeat, and the run reports their median over repeats (and [min, max] as the spr
 quantities (c_time, MBSU, realisation, bandwidth fraction) are computed from those reported medians, so a
 report is self-consistent: mbsu_time == tau / (c_time * draft_length + 1) holds for the printed values.
 
+The speed baseline is the fastest plain decoding of the same graph: `ar-fast` (1-token steps) where
+the bench measured it (graphs that pad 1-token steps for exactness), else `ar`. `speedup` is end to end
+(tokens / total time, prefill and TTFT included) and `decode_speedup` is the decode rate (tokens after
+the first / (total - TTFT)), both over that baseline on the same prompts. The lossless check compares
+greedy outputs with `ar`, the exact reference; ar-fast and peer rows are compared with the baseline.
+
 A configuration is (strategy label, draft-length setting): an int gamma (0 for ar) or "auto". An auto row's
 `draft_length` is the mean gamma the governor chose per round, pooled over the row's generations, and its
 MBSU uses that mean. The drafting statistics (acceptance by draft position, zero-accept share, gamma chosen,
@@ -19,11 +25,13 @@ from collections import Counter
 
 from edgespec.profiler import mbsu as M
 from edgespec.profiler.journal import config_of
-from edgespec.profiler.settings import is_auto
+from edgespec.profiler.peers import is_peer
+from edgespec.profiler.settings import FAST_BASELINE, is_auto
 from edgespec.runtime.strategies import get_strategy
 
 # summarised per repeat, reported as the median over repeats with a [min, max] spread
-MEDIAN_FIELDS = ("acceptance_rate", "tau", "tokens_per_s", "speedup", "ttft_ms", "tpot_ms", "draft_step_ms",
+MEDIAN_FIELDS = ("acceptance_rate", "tau", "tokens_per_s", "speedup", "decode_tokens_per_s", "decode_speedup",
+                 "ttft_ms", "ttft_ratio", "tpot_ms", "draft_step_ms", "draft_prefill_ms", "reused_tokens",
                  "target_decode_ms", "bandwidth_gbs", "prefill_ms_per_token", "draft_ms_per_token",
                  "verify_ms_per_token", "overhead_ms_per_token", "overhead_share", "sampler_share")
 
@@ -46,6 +54,7 @@ def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma, manifest: dict)
     decode_tokens = tokens - _sum(recs, "prefill_tokens")
     tps = 1e3 * tokens / total if total > 0 else None
     ar_tps = 1e3 * ar_tokens / ar_total if ar_total > 0 else None
+    dec_tps, ar_dec_tps = _decode_rate(recs), _decode_rate(ar_recs)
     draft_step = _pooled_median(recs, "draft_ms_steps") if gamma else None
     decode_ms = _pooled_median(ar_recs, "decode_ms_steps")
     weight_bytes = M.weight_bytes_read(manifest, int(_sum(recs, "target_forwards")), int(_sum(recs, "draft_forwards")))
@@ -57,7 +66,12 @@ def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma, manifest: dict)
         "tau": decode_tokens / verify_fw if verify_fw else None,
         "tokens_per_s": tps,
         "speedup": M.ratio(tps, ar_tps),
+        "decode_tokens_per_s": dec_tps,
+        "decode_speedup": M.ratio(dec_tps, ar_dec_tps),
         "ttft_ms": _sum(recs, "ttft_ms") / len(recs),
+        "ttft_ratio": M.ratio(_sum(recs, "ttft_ms"), _sum(ar_recs, "ttft_ms")),
+        "draft_prefill_ms": sum(r.get("draft_prefill_ms") or 0.0 for r in recs) / len(recs),
+        "reused_tokens": sum(r.get("reused_tokens") or 0 for r in recs) / len(recs),
         "tpot_ms": (total - _sum(recs, "ttft_ms")) / decode_tokens if decode_tokens > 0 else None,
         "draft_step_ms": draft_step,
         "target_decode_ms": decode_ms,
@@ -70,6 +84,19 @@ def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma, manifest: dict)
     for part in ("prefill", "draft", "verify", "overhead"):
         out[f"{part}_ms_per_token"] = _sum(recs, f"{part}_ms") / tokens if tokens else None
     return out
+
+
+def _decode_rate(recs: list[dict]) -> float | None:
+    """Tokens after the first per second of the time after it (TTFT excluded; a drafter's prefill,
+    which runs after the first token, included)."""
+    t = sum(r["total_ms"] - r["ttft_ms"] for r in recs)
+    n = sum(r["new_tokens"] - r["prefill_tokens"] for r in recs)
+    return 1e3 * n / t if t > 0 else None
+
+
+def baseline_key(records: list[dict]) -> tuple:
+    """The speed baseline's configuration: ar-fast where measured, else ar."""
+    return FAST_BASELINE if any(config_of(r) == FAST_BASELINE for r in records) else ("ar", 0)
 
 
 def _by_repeat_and_prompt(records: list[dict], key: tuple) -> dict:
@@ -105,16 +132,20 @@ def _category_summary(pairs: list[tuple[dict, dict]]) -> dict:
 def summarise_config(records: list[dict], key: tuple, manifest: dict, stream_gbs: float | None) -> dict | None:
     """The report's run entry for configuration key = (strategy, draft_length); None if nothing measured."""
     strategy, gamma = key
-    mine, ar = _by_repeat_and_prompt(records, key), _by_repeat_and_prompt(records, ("ar", 0))
-    repeats, pairs = [], []
+    base_key = baseline_key(records)
+    ref_key = base_key if is_peer(strategy) or key == FAST_BASELINE else ("ar", 0)   # what its tokens must equal
+    mine, base = _by_repeat_and_prompt(records, key), _by_repeat_and_prompt(records, base_key)
+    reference = _by_repeat_and_prompt(records, ref_key)
+    repeats, pairs, refs = [], [], []
     for rep in sorted(mine):
-        common = [pid for pid in mine[rep] if pid in ar.get(rep, {})]
+        common = [pid for pid in mine[rep] if pid in base.get(rep, {}) and pid in reference.get(rep, {})]
         if not common:
             continue
         recs = [mine[rep][p] for p in common]
-        ars = [ar[rep][p] for p in common]
-        repeats.append({"repeat": rep, **repeat_summary(recs, ars, gamma, manifest)})
-        pairs.extend(zip(recs, ars))
+        bases = [base[rep][p] for p in common]
+        repeats.append({"repeat": rep, **repeat_summary(recs, bases, gamma, manifest)})
+        pairs.extend(zip(recs, bases))
+        refs.extend(reference[rep][p] for p in common)
     if not repeats:
         return None
     stats = drafting_stats([a for a, _ in pairs]) if gamma != 0 else dict.fromkeys(DRAFTING_FIELDS)
@@ -130,7 +161,9 @@ def summarise_config(records: list[dict], key: tuple, manifest: dict, stream_gbs
     run["providers"] = _providers([p[0] for p in pairs])
     run["drafter_resyncs"] = int(sum(p[0].get("drafter_resyncs", 0) for p in pairs))
     # lossless check, free in every bench: greedy outputs must equal ar's token for token (0 here)
-    run["outputs_differing_from_ar"] = sum(a.get("output_sha256") != b.get("output_sha256") for a, b in pairs)
+    run["outputs_differing_from_ar"] = sum(a.get("output_sha256") != b.get("output_sha256")
+                                           for (a, _), b in zip(pairs, refs))
+    run["compared_with"] = ref_key[0]
     run["by_category"] = _category_summary(pairs)
     run["repeats"] = repeats
     return run
@@ -138,6 +171,8 @@ def summarise_config(records: list[dict], key: tuple, manifest: dict, stream_gbs
 
 def uses_drafter(label: str) -> bool:
     """Whether a strategy label's strategy runs the drafter model (ngram drafts by lookup, ar not at all)."""
+    if is_peer(label) or label == FAST_BASELINE[0]:
+        return False
     return get_strategy(label.split(":")[0]).uses_drafter
 
 

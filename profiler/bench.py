@@ -39,19 +39,22 @@ from edgespec.profiler import report as R
 from edgespec.profiler.aggregate import summarise
 from edgespec.profiler.errors import BenchError
 from edgespec.profiler.machine import peak_rss_mb, read_bandwidth, reset_peak_rss
-from edgespec.profiler.settings import BenchSettings, gamma_label, is_auto
+from edgespec.profiler.peers import make_peers
+from edgespec.profiler.settings import FAST_BASELINE, BenchSettings, gamma_label, is_auto
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.decoder import MAX_DRAFT_LENGTH, SpeculativeDecoder, check_draft_length, check_generation_args
 from edgespec.runtime.manifest import manifest_sha256
 from edgespec.runtime.rounds import draft_tokens
 from edgespec.runtime.strategies import STRATEGIES, get_strategy
 
-RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms", "draft_ms",
+RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms",
+                "draft_prefill_ms", "draft_prefill_tokens", "draft_refills", "reused_tokens", "draft_ms",
                 "verify_ms", "overhead_ms", "sampler_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted",
                 "accepted", "drafter_resyncs", "drafter_fallback_steps", "fallback_ms", "stop_reason", "providers",
                 "fallbacks")
 STEP_LISTS = ("accepted_per_step", "drafted_per_step", "gamma_per_step")     # kept for drafting rows only
-DECODER_OPTIONS = ("draft_probability", "concurrent_draft", "draft_confidence")   # decoder keywords, not strategy's
+DECODER_OPTIONS = ("draft_probability", "concurrent_draft", "draft_confidence", "plain_steps",
+                   "drafter_window")   # decoder keywords, not strategy's
 WARMUP_TOKENS = 8
 
 
@@ -104,8 +107,8 @@ def check_draft_lengths(values) -> None:
 
 def check_row(label: str, strat, opts: dict) -> None:
     """A row's options: names some strategy (or the decoder) reads, and the decoder keywords' values."""
-    if strat.name == "ar" and label != "ar":
-        raise BenchError(f"strategy {label!r}: ar takes no options")
+    if strat.name == "ar" and label not in ("ar", FAST_BASELINE[0]):
+        raise BenchError(f"strategy {label!r}: ar takes no options (ar-fast is ar with 1-token steps)")
     known = {n for st in STRATEGIES.values() for n in st.options} | set(DECODER_OPTIONS)
     for key, value in opts.items():
         if key == "max_draft_length":
@@ -169,7 +172,10 @@ def select_prompts(s: BenchSettings) -> tuple[list, str]:
 
 def parse_strategy(label: str) -> tuple[str, dict]:
     """`NAME[:KEY=VALUE...]` -> (NAME, options), e.g. `rdk-taylor:rdk_beta=1000` or
-    `tli:draft_probability=auto`: the same strategy with other options is its own row in one run."""
+    `tli:draft_probability=auto`: the same strategy with other options is its own row in one run.
+    `ar-fast` is ar with plain_steps=fast (1-token steps, unpadded)."""
+    if label == FAST_BASELINE[0]:
+        return "ar", {"plain_steps": "fast"}
     name, *items = label.split(":")
     return name, parse_options(items, f"strategy {label!r}")
 
@@ -216,7 +222,7 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
     name, opts = rows[first[0]]
     base = SpeculativeDecoder(bundle, strategy=name, draft_length=_decoder_length(first[1]), ep=s.ep,
                               draft_ep=s.draft_ep, threads=s.threads, draft_threads=s.draft_threads,
-                              max_draft_length=s.max_draft_length, **opts)
+                              max_draft_length=s.max_draft_length, prefix_reuse=False, **opts)
     return {key: base if key == first else _variant(base, *rows[key[0]], key[1]) for key in configs}
 
 
@@ -340,6 +346,13 @@ def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook
             hook(rec)
     try:
         decoders = decoder_family(bundle, configs, s)
+        if FAST_BASELINE not in decoders and decoders[("ar", 0)].target.min_tokens > 1:
+            decoders[FAST_BASELINE] = decoders[("ar", 0)].variant("ar", plain_steps="fast")
+            configs.insert(1, FAST_BASELINE)
+        if s.peers:
+            for label, peer in make_peers(bundle, s).items():
+                decoders[(label, 0)] = peer
+                configs.append((label, 0))
         encoded, skipped = encode_prompts(decoders[("ar", 0)], prompts, s)
         if skipped:
             print(f"edgespec: warning: {len(skipped)} prompt(s) skipped (prompt + max_new_tokens over the context)",

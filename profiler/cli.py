@@ -69,16 +69,18 @@ def register_bench(subparsers) -> None:
     add_bundle_and_prompts(p, "bundle directory")
     p.add_argument("--category", type=_csv, help="comma-separated categories to keep (default all)")
     p.add_argument("--limit", type=int, help="at most this many prompts")
-    p.add_argument("--strategies", type=_csv, default=["ar", "tli"],
-                   help="comma-separated (default ar,tli); ar is always measured; ngram (prompt lookup) needs no "
+    p.add_argument("--strategies", type=_csv, default=["ar", "auto"],
+                   help="comma-separated (default ar,auto); ar (the exact reference) is always measured, and "
+                        "ar-fast (1-token steps, the speed baseline) too where the graph pads 1-token steps; "
+                        "ngram (prompt lookup) needs no "
                         "drafter. NAME:KEY=VALUE[:...] sets options for that row only, e.g. "
                         "rdk-taylor:rdk_beta=1000,tli:draft_probability=auto")
-    p.add_argument("--draft-length", type=_draft_lengths, default=[1, 2, 4],
-                   help="comma-separated γ (default 1,2,4); auto: the runtime chooses γ in 0..--max-draft-length "
+    p.add_argument("--draft-length", type=_draft_lengths, default=["auto"],
+                   help="comma-separated γ and/or auto (default auto); auto: the runtime chooses γ in 0..--max-draft-length "
                         "per round (an extra row per strategy)")
     p.add_argument("--max-draft-length", type=int,
-                   help=f"largest γ auto may choose (default: the largest numeric --draft-length, or "
-                        f"{DEFAULT_MAX_DRAFT_LENGTH})")
+                   help=f"largest γ auto may choose (default {DEFAULT_MAX_DRAFT_LENGTH}, or the largest numeric "
+                        "--draft-length when larger)")
     p.add_argument("--strategy-option", action="append", metavar="KEY=VALUE",
                    help="strategy option passed to every decoder, e.g. rdk_beta=2 (repeatable)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -97,6 +99,9 @@ def register_bench(subparsers) -> None:
     p.add_argument("--verify", choices=["full", "fast", "none"], default="fast", help="bundle hash check (default fast)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", type=Path, required=True, metavar="OUT", help="report directory")
+    p.add_argument("--peers", action="store_true",
+                   help="also run onnxruntime-genai's generator on the same graph and prompts, interleaved, as a "
+                        "row of the report (greedy, CPU EP, builder bundles)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run journaled in OUT/records.jsonl (same settings; --limit/--repeats may grow)")
     p.set_defaults(func=run_bench)
@@ -111,7 +116,7 @@ def bench_settings(args) -> BenchSettings:
         seed=args.seed, ep=args.ep, draft_ep=args.draft_ep, threads=args.threads, draft_threads=args.draft_threads,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, options=parse_options(args.strategy_option),
         bandwidth_mb=args.bandwidth_mb, verify=args.verify, progress=not args.quiet, resume=args.resume,
-        command=_command())
+        peers=args.peers, command=_command())
 
 
 def run_bench(args) -> int:

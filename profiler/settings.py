@@ -4,8 +4,9 @@ which the report records and the journal fingerprints.
 Defaults that depend on other settings are resolved when the settings are made (`__post_init__`):
 - `split` None: "test" for the built-in humaneval set (never the prompts `edgespec calibrate` uses by
   default), "all" for a prompt file the user names (their file, all of it);
-- `max_draft_length` None: the largest numeric draft length, or 8 when there is none (draft_length "auto"
-  lets the governor choose gamma in 0..max_draft_length per round).
+- `max_draft_length` None: 8, or the largest numeric draft length when that is larger (draft_length
+  "auto" lets the governor choose gamma in 0..max_draft_length per round; the fixed lengths beside it
+  never cap it).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from edgespec.calibrate.prompts import HUMANEVAL
 
 AUTO = "auto"                     # the draft-length entry that runs a strategy with draft_length="auto"
 DEFAULT_MAX_DRAFT_LENGTH = 8
+FAST_BASELINE = ("ar-fast", 0)    # ar with 1-token steps: the speed baseline where the graph pads them
 
 
 def is_auto(gamma) -> bool:
@@ -44,8 +46,8 @@ class BenchSettings:
     split: str | None = None                 # None: "test" for humaneval, "all" for a file (see above)
     categories: list[str] | None = None
     limit: int | None = None
-    strategies: list[str] = field(default_factory=lambda: ["ar", "tli"])
-    draft_lengths: list[int | str] = field(default_factory=lambda: [1, 2, 4])    # ints >= 1 and/or "auto"
+    strategies: list[str] = field(default_factory=lambda: ["ar", "auto"])
+    draft_lengths: list[int | str] = field(default_factory=lambda: [AUTO])    # ints >= 1 and/or "auto"
     max_draft_length: int | None = None      # None: max of the numeric draft lengths, or 8
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -64,13 +66,14 @@ class BenchSettings:
     verify: str = "fast"
     progress: bool = True
     resume: bool = False
+    peers: bool = False                      # onnxruntime-genai's generator as a row (profiler/peers.py)
     command: str = ""
 
     def __post_init__(self):
         if self.split is None:
             self.split = "test" if self.prompts == HUMANEVAL else "all"
         if self.max_draft_length is None:
-            self.max_draft_length = max(numeric_lengths(self.draft_lengths), default=DEFAULT_MAX_DRAFT_LENGTH)
+            self.max_draft_length = max([DEFAULT_MAX_DRAFT_LENGTH, *numeric_lengths(self.draft_lengths)])
 
     def configs(self) -> list[tuple[str, int | str]]:
         """(strategy, draft-length setting) in measuring order: ar first, then each strategy x draft length

@@ -292,7 +292,7 @@ def test_auto_draft_length_and_ngram_rows(tiny_self_bundle, prompts_file, tmp_pa
     parser = argparse.ArgumentParser()
     register_bench(parser.add_subparsers())
     s = bench_settings(parser.parse_args(argv))
-    assert s.draft_lengths == [2, "auto"] and s.max_draft_length == 2 and s.split == "all"
+    assert s.draft_lengths == [2, "auto"] and s.max_draft_length == 8 and s.split == "all"   # 2 does not cap auto
     assert run_bench(s, hook=stop_after_3)["partial"] is True
     assert seen[2]["draft_length_setting"] == "auto"
     assert main([*argv, "--resume"]) == 0
@@ -301,7 +301,7 @@ def test_auto_draft_length_and_ngram_rows(tiny_self_bundle, prompts_file, tmp_pa
     runs = {(r["strategy"], r["draft_length_setting"]): r for r in doc["runs"]}
     assert list(runs) == [("ar", 0), ("tli", 2), ("tli", "auto"), ("ngram", 2), ("ngram", "auto")]
     assert all(r["outputs_differing_from_ar"] == 0 for r in doc["runs"])      # auto and ngram are lossless
-    assert doc["settings"]["max_draft_length"] == 2
+    assert doc["settings"]["max_draft_length"] == 8
     assert "drafter" not in runs[("ngram", 2)]["providers"] and "drafter" in runs[("tli", 2)]["providers"]
     recs = _journal(out)
     assert len({(r["prompt_id"], r["strategy"], r["draft_length_setting"]) for r in recs}) == 10
@@ -344,7 +344,7 @@ def test_ngram_without_a_drafter_strategy(tiny_self_bundle, prompts_file, tmp_pa
     family = decoder_family(bundle, s.configs(), s)
     assert list(family) == [("ar", 0), ("ngram", 3), ("ngram", "auto")]
     assert all(d.drafter is None and d.drafter_session_info is None for d in family.values())
-    assert family[("ngram", "auto")].governor is not None and family[("ngram", "auto")].max_draft_length == 3
+    assert family[("ngram", "auto")].governor is not None and family[("ngram", "auto")].max_draft_length == 8
     doc = run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", strategies=["ar", "ngram"],
                              draft_lengths=[2], limit=1, max_new_tokens=8, repeats=1, warmup=False, bandwidth_mb=0))
     assert [r["strategy"] for r in doc["runs"]] == ["ar", "ngram"]
@@ -365,7 +365,8 @@ def test_draft_length_list_parsing():
     with pytest.raises(argparse.ArgumentTypeError, match="integers and/or auto"):
         _draft_lengths("2,fast")
     assert BenchSettings(bundle=Path("b"), report=Path("r"), draft_lengths=["auto"]).max_draft_length == 8
-    assert BenchSettings(bundle=Path("b"), report=Path("r"), draft_lengths=[3, "auto", 5]).max_draft_length == 5
+    assert BenchSettings(bundle=Path("b"), report=Path("r"), draft_lengths=[3, "auto", 5]).max_draft_length == 8
+    assert BenchSettings(bundle=Path("b"), report=Path("r"), draft_lengths=[3, "auto", 12]).max_draft_length == 12
 
 
 # --------------------------------------------------------------------------- prompts: resume fingerprint, split
