@@ -70,6 +70,8 @@ def write_vllm_draft_vocab(path: Path, ids: np.ndarray, target_vocab: int) -> Pa
 def write_server_vocab(bundle_root: str | Path, kinds: list[str]) -> list[Path]:
     """Write each requested file into BUNDLE/vocab/ from its index_map.npy and manifest."""
     root = Path(bundle_root)
+    if not kinds:                        # nothing asked (every target-only export): read nothing
+        return []
     try:
         manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
         index_map = np.load(root / "vocab" / "index_map.npy")
