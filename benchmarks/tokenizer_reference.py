@@ -7,7 +7,8 @@
 For each recipe model whose GGUF is on this machine (pulled; nothing is installed here): every corpus
 line is tokenized by edgespec's converter (models/gguf_tokenizer.py) and by llama.cpp (no BOS,
 special tokens parsed), and the script counts lines with identical ids and lines where
-decode(encode(x)) == x. `--transformers` also counts agreement with the pinned transformers' own GGUF
+decode(encode(x)) == x (a SentencePiece vocabulary cannot round-trip a literal "▁", U+2581: it is
+how spaces are written, so llama.cpp and edgespec both decode it as a space). `--transformers` also counts agreement with the pinned transformers' own GGUF
 conversion (AutoTokenizer.from_pretrained(dir, gguf_file=...); slow, and wrong for Gemma-3).
 `--write-expected` stores llama.cpp's ids of models.tokenizer_reference.REFERENCE_LINES for the first
 model, the file tests/test_gguf_tokenizer.py checks in CI without llama.cpp.
@@ -83,6 +84,10 @@ def main(argv=None) -> int:
                "special": {"bos": sp.bos_id, "eos": sp.eos_id, "eot": sp.eot_id, "pad": sp.pad_id,
                            "add_bos": sp.add_bos, "add_eos": sp.add_eos, "eog": sp.eog_ids,
                            "chat_template": sp.chat_template is not None}}
+        # SentencePiece writes a space as "▁": a literal U+2581 in the text becomes the same token, and
+        # decodes to a space (llama.cpp's too). Those lines cannot round-trip; any other may not fail.
+        ambiguous = {i for i, t in enumerate(lines) if v.model == "llama" and "\u2581" in t}
+        row["roundtrip_failed_unexplained"] = sorted(set(res.roundtrip_failures) - ambiguous)
         bos_ref = ref.llama_ids_with_bos(binary, gguf, "Hello")
         row["bos_as_llama_cpp"] = tok.encode("Hello", add_special_tokens=True).ids == bos_ref
         if args.transformers:
@@ -90,9 +95,11 @@ def main(argv=None) -> int:
         for i, ours, theirs in res.mismatches[:3]:
             print(f"  {name} line {i} {lines[i][:50]!r}\n    ours  {ours[:24]}\n    llama {theirs[:24]}",
                   file=sys.stderr)
-        bad |= not res.ok or not row["bos_as_llama_cpp"]
+        bad |= res.identical != res.lines or bool(row["roundtrip_failed_unexplained"]) or not row["bos_as_llama_cpp"]
         results[name] = row
         print(f"{name}: {res.identical}/{res.lines} identical to llama.cpp, round trip {res.roundtrip}/{res.lines}"
+              + (f" (the others: {res.lines - res.roundtrip - len(row['roundtrip_failed_unexplained'])} with a literal"
+                 f" ▁, {len(row['roundtrip_failed_unexplained'])} unexplained)" if res.roundtrip < res.lines else "")
               + (f", transformers {row['transformers_identical']}/{res.lines}" if args.transformers else "")
               + f", BOS as llama.cpp: {row['bos_as_llama_cpp']} (build {build_s:.1f} s)")
         if args.write_expected and name == names[0]:

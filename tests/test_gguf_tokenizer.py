@@ -197,9 +197,14 @@ def _binary():
 def test_recipe_tokenizer_matches_llama_cpp_on_the_corpus(name):
     binary = _binary()
     path = local_gguf(get_model(name)) or pytest.skip(f"edgespec models pull {name} first")
-    tok = gt.build_tokenizer(gt.read_vocab(path))
-    res = ref.compare(tok, path, ref.load_corpus(CORPUS), binary)
-    assert res.lines >= 300 and res.identical == res.lines and res.roundtrip == res.lines, res.summary()
+    v = gt.read_vocab(path)
+    tok = gt.build_tokenizer(v)
+    lines = ref.load_corpus(CORPUS)
+    res = ref.compare(tok, path, lines, binary)
+    assert res.lines >= 300 and res.identical == res.lines, res.summary()
+    # SentencePiece writes spaces as "▁": only a line with a literal U+2581 may decode differently
+    ambiguous = {i for i, t in enumerate(lines) if v.model == "llama" and "\u2581" in t}
+    assert set(res.roundtrip_failures) <= ambiguous, res.summary()
     assert tok.encode("Hello").ids == ref.llama_ids_with_bos(binary, path, "Hello")
 
 
@@ -231,3 +236,23 @@ def test_gemma_bundle_with_transformers_tokenizer_is_refused(tiny_same_bundle, c
     from tokenizers import Tokenizer
 
     assert stale_gguf_tokenizer(Tokenizer.from_file(str(tmp_path / "tokenizer.json"))) is None
+
+
+@pytest.mark.real
+def test_pull_rewrites_a_tokenizer_an_older_converter_wrote(smollm_gguf, tmp_path, monkeypatch):
+    from edgespec.models.weights import refresh_tokenizer
+
+    monkeypatch.delenv(ref.ENV, raising=False)
+    monkeypatch.setenv("PATH", "")                       # no llama-tokenize: the check is skipped, and recorded so
+    d = tmp_path / "smollm2-135m"
+    d.mkdir()
+    (d / "tokenizer.model").write_text("an older converter's file")
+    (d / "generation_config.json").write_text('{"eos_token_id": 2, "max_length": 20}')
+    assert not gt.converted_here(d)
+    refresh_tokenizer(d, smollm_gguf)
+    assert gt.converted_here(d) and not (d / "tokenizer.model").exists() and (d / "chat_template.jinja").is_file()
+    gen = json.loads((d / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [0, 2, 4] and gen["max_length"] == 20       # llama.cpp's EOG set; the rest kept
+    prov = json.loads((d / gt.PROVENANCE_FILE).read_text())
+    assert "skipped" in prov["reference"] and prov["eog_ids"] == [0, 2, 4]
+    assert not list(tmp_path.glob("*.tok-*"))            # no temporary directory left
