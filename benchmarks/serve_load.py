@@ -174,14 +174,14 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=4, help="prompts used (default 4)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=16, help="streamed requests per concurrency level (at least one per client)")
-    ap.add_argument("--clients", default="1,4,16")
+    ap.add_argument("--clients", default="1,4,16", help="concurrency levels ('none': only the overhead runs)")
     ap.add_argument("--repeats", type=int, default=1, help="overhead runs per prompt (after one warm-up)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--llama-server", default=str(LLAMA_SERVER) if LLAMA_SERVER.exists() else None)
     ap.add_argument("--gguf", default=None, help="GGUF for llama-server (the bundle's source model)")
     ap.add_argument("--json", default=None, help="write the results here too")
     args = ap.parse_args(argv)
-    args.clients = [int(c) for c in args.clients.split(",")]
+    args.clients = [] if args.clients == "none" else [int(c) for c in args.clients.split(",")]
     texts = prompts(Path(args.prompts), args.limit)
     result: dict = {"bundle": args.bundle, "max_tokens": args.max_tokens, "prompts": len(texts)}
     srv = start_edgespec(args)
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
             print("edgespec:", json.dumps(r), flush=True)
     finally:
         result["edgespec_exit"] = srv.stop()
-    if args.llama_server and args.gguf and os.path.exists(args.llama_server):
+    if args.llama_server and args.gguf and os.path.exists(args.llama_server) and args.clients:
         llama = start_llama(args)
         try:
             result["llama_server"] = run_levels(llama.url, texts, args)

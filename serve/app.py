@@ -100,12 +100,10 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
             if message["type"] == "http.disconnect":
                 return
 
-    async def next_event(job: Job, request: Request):
+    async def next_event(job: Job, gone: asyncio.Future):
         """The job's next event, or None if the client went away first (the job is then cancelled)."""
         get = asyncio.ensure_future(job.events.get())
-        gone = asyncio.ensure_future(until_disconnect(request))
         done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
-        gone.cancel()
         if get in done:
             return get.result()
         get.cancel()
@@ -124,37 +122,32 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
             n = budget(req, len(ids))
             job = Job(ids, dict(max_new_tokens=n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                                 seed=req.seed, stop=req.stop or None),
-                      time.monotonic() + settings.timeout, asyncio.get_running_loop())
+                      time.monotonic() + settings.timeout, asyncio.get_running_loop(), deltas=req.stream)
             worker.submit(job)
         except APIError as err:
             return error_response(err)
+        gone = asyncio.ensure_future(until_disconnect(request))     # one watcher while we wait
         try:
-            first = await next_event(job, request)
-            while first is not None and first[0] == "delta":      # not possible before "start"; defensive
-                first = await next_event(job, request)
+            event = await next_event(job, gone)      # "start" or "error" (or None: the client left)
+            if event is not None and event[0] == "start" and not req.stream:
+                event = await next_event(job, gone)  # "done" or "error"
         except asyncio.CancelledError:
             worker.drop(job, "disconnect")
             raise
-        if first is None:
+        finally:
+            gone.cancel()                            # a stream's disconnects are watched by StreamingResponse
+        if event is None:
             return JSONResponse({}, status_code=499)
-        if first[0] == "error":
-            return error_response(first[1])
+        if event[0] == "error":
+            return error_response(event[1])
         rid = protocol.new_id(kind)
         if req.stream:
             return StreamingResponse(sse(job, req, rid), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        while True:
-            event = await next_event(job, request)
-            if event is None:
-                return JSONResponse({}, status_code=499)
-            if event[0] == "error":
-                return error_response(event[1])
-            if event[0] == "done":
-                out: Outcome = event[1]
-                return JSONResponse(protocol.full_body(req, rid, settings.model, out.text,
-                                                       protocol.finish_reason(out.stop_reason),
-                                                       protocol.usage(out.prompt_tokens, out.completion_tokens),
-                                                       out.ext))
+        out: Outcome = event[1]
+        return JSONResponse(protocol.full_body(req, rid, settings.model, out.text,
+                                               protocol.finish_reason(out.stop_reason),
+                                               protocol.usage(out.prompt_tokens, out.completion_tokens), out.ext))
 
     async def sse(job: Job, req: protocol.Request, rid: str):
         created = int(time.time())

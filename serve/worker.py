@@ -29,8 +29,10 @@ class Outcome:
 
 
 class Job:
-    def __init__(self, prompt_ids: list[int], settings: dict, deadline: float, loop: asyncio.AbstractEventLoop):
+    def __init__(self, prompt_ids: list[int], settings: dict, deadline: float, loop: asyncio.AbstractEventLoop,
+                 deltas: bool = True):
         self.prompt_ids, self.settings, self.deadline = prompt_ids, settings, deadline
+        self.deltas = deltas          # False: only start/done/error are posted (a non-streamed request)
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
@@ -152,7 +154,8 @@ class Worker:
         reason = None
         try:
             for delta in stream:
-                job.post("delta", delta)
+                if job.deltas:
+                    job.post("delta", delta)
                 if job.cancelled.is_set():
                     reason = job.cancel_reason
                     break
