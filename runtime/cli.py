@@ -7,7 +7,8 @@ import sys
 
 from edgespec.errors import GenerationError
 from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.decoder import SpeculativeDecoder, check_draft_length, check_generation_args
+from edgespec.runtime.decoder import (DEFAULT_DRAFTER_WINDOW, PLAIN_STEPS, SpeculativeDecoder, check_draft_length,
+                                      check_generation_args)
 
 
 def register(subparsers) -> None:
@@ -19,9 +20,14 @@ def register(subparsers) -> None:
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads it from stdin)")
     p.add_argument("--strategy", default="auto", help="auto (default: slem for greedy on a heterogeneous pair, "
                                                       "else tli), ar, sd, tli, slem, rdk-taylor, rdk, ngram, ngram-tli")
-    p.add_argument("--draft-length", type=_draft_length, default=4, metavar="K|auto",
-                   help="draft tokens per target verify (default 4); auto: chosen per round, 0 when speculation "
-                        "does not pay")
+    p.add_argument("--draft-length", type=_draft_length, default="auto", metavar="K|auto",
+                   help="draft tokens per target verify (default auto: chosen per round, 0 when speculation "
+                        "does not pay)")
+    p.add_argument("--drafter-window", type=_window, default=DEFAULT_DRAFTER_WINDOW, metavar="N|all",
+                   help=f"drafter context positions (default {DEFAULT_DRAFTER_WINDOW}; all: the whole text)")
+    p.add_argument("--plain-steps", choices=PLAIN_STEPS, default="exact",
+                   help="1-token target steps: exact (padded where the graph asks; greedy output = speculative "
+                        "output, default) or fast (the graph's 1-token path)")
     p.add_argument("--max-draft-length", type=int, default=8, metavar="K", help="the most --draft-length auto drafts")
     p.add_argument("--draft-confidence", type=float, default=None, metavar="P",
                    help="stop drafting when the drafter's top probability falls below P")
@@ -49,6 +55,15 @@ def _draft_length(value: str):
     return value if value == "auto" else int(value)
 
 
+def _window(value: str):
+    if value == "all":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--drafter-window takes a whole number or 'all', got {value!r}") from None
+
+
 def _ep(value: str | None):
     if value is None or "," not in value:
         return value
@@ -73,7 +88,8 @@ def _generate(args: argparse.Namespace) -> int:
     dec = SpeculativeDecoder(Bundle.load(args.bundle, verify=args.verify), strategy=args.strategy,
                              draft_length=args.draft_length, ep=_ep(args.ep), draft_ep=_ep(args.draft_ep),
                              threads=args.threads, allow_fallback=args.allow_fallback, draft_probability=a,
-                             max_draft_length=args.max_draft_length, draft_confidence=args.draft_confidence)
+                             max_draft_length=args.max_draft_length, draft_confidence=args.draft_confidence,
+                             drafter_window=args.drafter_window, plain_steps=args.plain_steps)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
               seed=args.seed, stop=args.stop, chat=args.chat)
     if args.stream and not args.json:

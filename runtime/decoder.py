@@ -180,7 +180,8 @@ class SpeculativeDecoder:
 
     def variant(self, strategy: str | None = None, draft_length: int | None = None,
                 draft_probability: float | str | None = None, concurrent_draft: bool | None = None,
-                plain_steps: str | None = None, **strategy_options) -> "SpeculativeDecoder":
+                plain_steps: str | None = None, drafter_window: int | None | str = "same",
+                **strategy_options) -> "SpeculativeDecoder":
         """Another strategy / draft length on the SAME sessions, KV runners and token tables (no new
         session; only the per-round scratch arrays are new). Generations of a decoder and its variants must not interleave: a
         newer call supersedes an unfinished stream of any of them."""
@@ -188,6 +189,9 @@ class SpeculativeDecoder:
         new.last_result = None
         if plain_steps is not None:
             new.plain_steps = check_plain_steps(plain_steps)
+        if drafter_window != "same":
+            check_drafter_window(drafter_window)
+            new.drafter_window = new._clamp_window(drafter_window, new.max_draft_length)
         strat = get_strategy(strategy) if strategy is not None else self.strategy
         if strat.name == "auto" and not self.bundle.has_drafter:
             strat = get_strategy("ngram")

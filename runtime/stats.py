@@ -186,7 +186,9 @@ class GenerationStats:
     def summary(self) -> str:
         acc = "-" if self.acceptance_rate is None else f"{self.acceptance_rate:.3f}"
         tau = "-" if self.tau is None else f"{self.tau:.2f}"
-        return (f"{self.strategy} k={self.draft_length}: {self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s, "
+        k = (f"auto (mean {self.draft_length:.2f})" if self.draft_length_setting == "auto" else
+             f"{self.draft_length}")
+        return (f"{self.strategy} k={k}: {self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s, "
                 f"acceptance {acc}, tau {tau}, ttft {self.ttft_ms:.0f} ms, prefill {self.prefill_ms:.0f} ms, "
                 f"draft prefill {self.draft_prefill_ms:.0f} ms, draft {self.draft_ms:.0f} ms, verify {self.verify_ms:.0f} ms, overhead {self.overhead_ms:.0f} ms, "
                 f"resyncs {self.drafter_resyncs}")

@@ -23,7 +23,7 @@ def test_generate_cli_stream_and_stats(tiny_hetero_bundle, capsys):
     ref = SpeculativeDecoder(tiny_hetero_bundle, threads=1).generate("The quick", max_new_tokens=8, temperature=1.0,
                                                                      seed=3)
     assert cap.out == ref.text + "\n"
-    assert "slem k=4" in cap.err and "tau" in cap.err      # the default strategy "auto" is slem on a hetero pair
+    assert "slem k=auto" in cap.err and "tau" in cap.err      # the default strategy "auto" is slem on a hetero pair
 
 
 def test_generate_cli_errors_exit_2(tiny_hetero_bundle, capsys):
