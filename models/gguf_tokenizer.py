@@ -15,7 +15,8 @@ scores of a SentencePiece *BPE* vocabulary (transformers #41494, fixed after 4.5
 - `gpt2` (byte-level BPE: Qwen2, Llama 3, SmolLM2, GPT-2): the GGUF merges, and the pre-tokenizer
   regexes llama.cpp uses for `tokenizer.ggml.pre` (verbatim), then the byte-level mapping.
 - Control, unknown and user-defined tokens are added tokens matched on the raw text, as llama.cpp's
-  `tokenizer_st_partition` does with parse_special on (control/unknown: special=True).
+  `tokenizer_st_partition` does with parse_special on (control/unknown: special=True), after
+  llama.cpp's rules that make tokens control by their text (`llama_cpp_types`: EOT/FIM/EOG texts).
 
 Special ids, add_bos/add_eos, the end-of-generation set and the chat template are read from the
 GGUF with llama.cpp's defaults and rules (`special_tokens`). A tokenizer model or pre-tokenizer this
@@ -30,7 +31,7 @@ from pathlib import Path
 from edgespec.errors import ModelSourceError
 
 CONVERTER = "edgespec-gguf-tokenizer"
-CONVERTER_VERSION = 1          # bump when the output changes; recorded in PROVENANCE_FILE
+CONVERTER_VERSION = 2          # bump when the output changes; recorded in PROVENANCE_FILE
 PROVENANCE_FILE = "edgespec-tokenizer.json"
 SPACE = "\u2581"               # ▁
 
@@ -51,15 +52,31 @@ PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {     # pre -> (regexe
     "smollm": ((r"\p{N}", _GPT2), False), "starcoder": ((r"\p{N}", _GPT2), False),
     "refact": ((r"\p{N}", _GPT2), False),
 }
-# Tokens llama.cpp treats as end of generation by their text (llama_vocab::impl::load).
-EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
-             "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
-EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
-             "_<EOT>", "<end_of_utterance>")
-# FIM tokens llama.cpp finds by text when the GGUF has no id for them; these three end generation.
-FIM_TEXTS = {"fim_pad_token_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
-             "fim_rep_token_id": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-             "fim_sep_token_id": ("<|file_sep|>",)}
+# llama.cpp (0c1e570) finds these tokens by their text when the GGUF gives no id, and makes the token it
+# finds a control token (so it is parsed as special, even when the GGUF typed it normal). For each kind,
+# the first text found in this order (llama.cpp walks a hash map: with two candidates its pick may differ).
+BY_TEXT = {
+    "eot_token_id": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+                     "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"),
+    "eom_token_id": ("<|eom_id|>",),
+    "fim_pre_token_id": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                         "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf_token_id": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                         "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid_token_id": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                         "<|code_middle|>", "<|middle|>"),
+    "fim_pad_token_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep_token_id": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep_token_id": ("<|file_sep|>",),
+}
+# Every token with one of these texts ends generation and becomes a control token. Note "</s>": in
+# Qwen2's vocabulary it is a normal token that byte-level BPE never produces; llama.cpp (with a
+# "probably a bug in the model" warning) parses the text "</s>" as that one token and stops on it.
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+             "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+             "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+             "<｜end▁of▁sentence｜>", "[e~[")
+ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")   # gpt-oss: user-defined
 
 
 @dataclass
@@ -87,7 +104,8 @@ class SpecialTokens:
     pad_id: int | None
     add_bos: bool
     add_eos: bool
-    eog_ids: list[int]
+    eog_ids: list[int]            # llama.cpp's end-of-generation set
+    stop_ids: list[int]           # the ones the GGUF itself types as control tokens: generation stops there
     chat_template: str | None
 
 
@@ -124,37 +142,61 @@ def read_vocab(path: Path) -> GGUFVocab:
                      merges=arrays.get("tokenizer.ggml.merges"), kv=kv)
 
 
+def llama_cpp_types(v: GGUFVocab) -> tuple[list[int], dict[str, int | None], list[int]]:
+    """Token types after llama.cpp's text-based rules (llama_vocab::impl::load): (types, ids found or
+    given per BY_TEXT kind, end-of-generation ids before eos/eot are added)."""
+    n, types = len(v.tokens), list(v.types)
+    index = {t: i for i, t in enumerate(v.tokens)}
+
+    def given(key):
+        val = v.get(key)
+        return int(val) if val is not None and 0 <= int(val) < n else None
+
+    found: dict[str, int | None] = {}
+    for key, texts in BY_TEXT.items():
+        found[key] = given(key)
+        if found[key] is None:
+            found[key] = next((index[t] for t in texts if t in index), None)
+            if found[key] is not None:
+                types[found[key]] = CONTROL
+    eog = {found[k] for k in ("fim_pad_token_id", "fim_rep_token_id", "fim_sep_token_id") if found[k] is not None}
+    for t in EOG_TEXTS:
+        if t in index:
+            eog.add(index[t])
+            types[index[t]] = CONTROL
+    for t in ALWAYS_RENDERED:
+        if t in index:
+            types[index[t]] = USER_DEFINED
+    texts = {v.tokens[i]: i for i in eog}
+    if "<|end|>" in texts and (("<|return|>" in texts and "<|call|>" in texts)
+                               or ("<|calls|>" in texts and "<|flush|>" in texts)):
+        eog.discard(texts["<|end|>"])
+        types[texts["<|end|>"]] = USER_DEFINED
+    if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+        eog.discard(texts["</s>"])
+        types[texts["</s>"]] = NORMAL
+    return types, found, sorted(eog)
+
+
 def special_tokens(v: GGUFVocab) -> SpecialTokens:
     """llama.cpp's special-token ids, add flags and end-of-generation set for this vocabulary."""
     n = len(v.tokens)
     spm = v.model == "llama"
-    ids = {"bos": 1 if spm else None, "eos": 2 if spm else None, "unk": 0 if spm else None, "pad": None,
-           "eot": None}
+    ids = {"bos": 1 if spm else None, "eos": 2 if spm else None, "unk": 0 if spm else None, "pad": None}
     for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
-                      ("pad", "padding_token_id"), ("eot", "eot_token_id")):
+                      ("pad", "padding_token_id")):
         val = v.get(key)
         if val is not None and 0 <= int(val) < n:
             ids[name] = int(val)
-    for name in list(ids):
-        if ids[name] is not None and ids[name] >= n:
+        elif ids[name] is not None and ids[name] >= n:
             ids[name] = None
-    add_bos = bool(v.get("add_bos_token", spm))
-    add_eos = bool(v.get("add_eos_token", False))
-    index = {t: i for i, t in enumerate(v.tokens)}
-    if ids["eot"] is None:
-        ids["eot"] = next((index[t] for t in EOT_TEXTS if t in index), None)
-    eog = {index[t] for t in EOG_TEXTS if t in index}
-    for key, texts in FIM_TEXTS.items():
-        fim = v.get(key)
-        fim = int(fim) if fim is not None and 0 <= int(fim) < n else next((index[t] for t in texts if t in index), None)
-        if fim is not None:
-            eog.add(fim)
-    for name in ("eos", "eot"):
-        if ids[name] is not None:
-            eog.add(ids[name])
+    _, found, eog = llama_cpp_types(v)
+    eog = set(eog) | {i for i in (ids["eos"], found["eot_token_id"], found["eom_token_id"]) if i is not None}
     tpl = v.kv.get("tokenizer.chat_template")
-    return SpecialTokens(bos_id=ids["bos"], eos_id=ids["eos"], eot_id=ids["eot"], unk_id=ids["unk"],
-                         pad_id=ids["pad"], add_bos=add_bos, add_eos=add_eos, eog_ids=sorted(eog),
+    return SpecialTokens(bos_id=ids["bos"], eos_id=ids["eos"], eot_id=found["eot_token_id"], unk_id=ids["unk"],
+                         pad_id=ids["pad"], add_bos=bool(v.get("add_bos_token", spm)),
+                         add_eos=bool(v.get("add_eos_token", False)), eog_ids=sorted(eog),
+                         stop_ids=sorted(i for i in eog if v.types[i] == CONTROL or i == ids["eos"]),
                          chat_template=str(tpl) if isinstance(tpl, str) and tpl.strip() else None)
 
 
@@ -218,9 +260,10 @@ def build_tokenizer(v: GGUFVocab, special: SpecialTokens | None = None):
     else:
         raise ModelSourceError(f"GGUF tokenizer model {v.model!r} (tokenizer.ggml.model) is not supported by "
                                "edgespec's converter; supported: llama (SentencePiece BPE), gpt2 (byte-level BPE)")
+    types, _, _ = llama_cpp_types(v)
     added = [AddedToken(t, special=ty != USER_DEFINED, normalized=False, lstrip=False, rstrip=False,
                         single_word=False)
-             for t, ty in zip(v.tokens, v.types) if ty in (CONTROL, USER_DEFINED, UNKNOWN) and t]
+             for t, ty in zip(v.tokens, types) if ty in (CONTROL, USER_DEFINED, UNKNOWN) and t]
     tok.add_tokens(added)
     single, pairs = ["$A"], ["$A", "$B"]
     spec = []

@@ -166,13 +166,14 @@ def convert_gguf(gguf: Path, out_dir: Path, provenance: dict) -> Path:
 
 
 def _set_generation_eos(hf_dir: Path, tok_prov: dict) -> None:
-    """generation_config.json's eos_token_id := the GGUF's end-of-generation ids as llama.cpp reads them."""
+    """generation_config.json's eos_token_id := llama.cpp's end-of-generation ids that the GGUF types as
+    control tokens (`stop_ids`: not a text token llama.cpp promotes by its text, such as Gemma's HTML `</s>`)."""
     path = hf_dir / "generation_config.json"
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         cfg = {}
-    eog = tok_prov.get("eog_ids") or ([tok_prov["eos_id"]] if tok_prov.get("eos_id") is not None else [])
+    eog = tok_prov.get("stop_ids") or ([tok_prov["eos_id"]] if tok_prov.get("eos_id") is not None else [])
     if eog:
         cfg["eos_token_id"] = eog[0] if len(eog) == 1 else eog
     for key, name in (("bos_token_id", "bos_id"), ("pad_token_id", "pad_id")):

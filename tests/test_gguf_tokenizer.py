@@ -254,5 +254,17 @@ def test_pull_rewrites_a_tokenizer_an_older_converter_wrote(smollm_gguf, tmp_pat
     gen = json.loads((d / "generation_config.json").read_text())
     assert gen["eos_token_id"] == [0, 2, 4] and gen["max_length"] == 20       # llama.cpp's EOG set; the rest kept
     prov = json.loads((d / gt.PROVENANCE_FILE).read_text())
-    assert "skipped" in prov["reference"] and prov["eog_ids"] == [0, 2, 4]
+    assert "skipped" in prov["reference"] and prov["eog_ids"] == prov["stop_ids"] == [0, 2, 4]
     assert not list(tmp_path.glob("*.tok-*"))            # no temporary directory left
+
+
+@pytest.mark.long
+def test_gemma_and_qwen_stop_on_their_control_tokens_not_on_text_llama_cpp_promotes():
+    for name, stop, promoted in (("gemma3-270m", ["<eos>", "<end_of_turn>"], "</s>"),
+                                 ("qwen2.5-coder-0.5b", ["<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|repo_name|>",
+                                                         "<|file_sep|>"], "</s>")):
+        path = local_gguf(get_model(name)) or pytest.skip(f"edgespec models pull {name} first")
+        v = gt.read_vocab(path)
+        sp = gt.special_tokens(v)
+        assert [v.tokens[i] for i in sp.stop_ids] == stop
+        assert promoted not in stop and v.tokens.index(promoted) in sp.eog_ids      # llama.cpp's EOG has it
