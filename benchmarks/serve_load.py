@@ -75,7 +75,8 @@ class Proc:
 
 def start_edgespec(args) -> Proc:
     cmd = [sys.executable, "-m", "edgespec", "serve", "--bundle", args.bundle, "--port", "0", "--model-name", "m",
-           "--max-queue", "64", "--max-tokens-cap", str(args.max_tokens)]
+           "--max-queue", "64", "--max-tokens-cap", str(args.max_tokens), "--strategy", args.strategy,
+           "--draft-length", args.draft_length]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     return Proc(cmd, lambda line: ("http://" + line.rsplit("http://", 1)[1].split()[0])
@@ -98,20 +99,29 @@ def overhead(args, url: str, texts: list[str]) -> dict:
     """Interleaved single-client runs: in-process generate vs the server's non-streamed request."""
     from edgespec.runtime import Bundle
     from edgespec.serve.server import make_decoder
-    ns = argparse.Namespace(strategy="auto", draft_length="auto", ep="cpu", threads=args.threads)
+    gamma = args.draft_length if args.draft_length == "auto" else int(args.draft_length)
+    ns = argparse.Namespace(strategy=args.strategy, draft_length=gamma, ep="cpu", threads=args.threads)
     dec = make_decoder(Bundle.load(args.bundle, verify="fast"), ns)
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     ratios_total, ratios_decode, rows = [], [], []
     for rep in range(args.repeats + 1):          # repeat 0 warms both up and is not counted
         for text in texts:
             msgs = [{"role": "user", "content": text}]
-            t = time.perf_counter()
-            res = dec.generate(msgs, max_new_tokens=args.max_tokens, chat=True)
-            local_s = time.perf_counter() - t
+
+            def local():
+                t = time.perf_counter()
+                return dec.generate(msgs, max_new_tokens=args.max_tokens, chat=True), time.perf_counter() - t
+
+            def remote():
+                t = time.perf_counter()
+                return (client.chat.completions.create(model="m", messages=msgs, max_tokens=args.max_tokens,
+                                                       temperature=0), time.perf_counter() - t)
+
+            if rep % 2:            # alternate which side runs first, so that order effects cancel
+                (got, remote_s), (res, local_s) = remote(), local()
+            else:
+                (res, local_s), (got, remote_s) = local(), remote()
             local_decode = local_s - res.stats.ttft_ms / 1e3
-            t = time.perf_counter()
-            got = client.chat.completions.create(model="m", messages=msgs, max_tokens=args.max_tokens, temperature=0)
-            remote_s = time.perf_counter() - t
             ext = got.model_extra["edgespec"]
             remote_decode = remote_s - (ext["ttft_ms"] + ext["queue_ms"]) / 1e3
             same = got.choices[0].message.content == res.text
@@ -177,6 +187,9 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", default="1,4,16", help="concurrency levels ('none': only the overhead runs)")
     ap.add_argument("--repeats", type=int, default=1, help="overhead runs per prompt (after one warm-up)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--strategy", default="auto", help="both sides (default auto; a fixed one, e.g. ar, takes the "
+                                                       "governor's run-to-run choices out of the overhead figure)")
+    ap.add_argument("--draft-length", default="auto")
     ap.add_argument("--llama-server", default=str(LLAMA_SERVER) if LLAMA_SERVER.exists() else None)
     ap.add_argument("--gguf", default=None, help="GGUF for llama-server (the bundle's source model)")
     ap.add_argument("--json", default=None, help="write the results here too")
