@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -216,8 +217,12 @@ def test_qwen_tokenizer_agrees_with_transformers_conversion():
     ours = gt.build_tokenizer(gt.read_vocab(path))
     theirs = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     lines = ref.load_corpus(CORPUS)
-    assert [i for i, t in enumerate(lines)
-            if ours.encode(t, add_special_tokens=False).ids != theirs.encode(t, add_special_tokens=False)] == []
+    differ = {i for i, t in enumerate(lines)
+              if ours.encode(t, add_special_tokens=False).ids != theirs.encode(t, add_special_tokens=False)}
+    # transformers adds Qwen2's NFC normalizer (llama.cpp does not normalise), and reads "</s>" as text
+    # (llama.cpp parses it as one control token): exactly those lines may differ, and the corpus has both
+    explained = {i for i, t in enumerate(lines) if unicodedata.normalize("NFC", t) != t or "</s>" in t}
+    assert differ == explained and len(explained) >= 2
 
 
 @pytest.mark.long
