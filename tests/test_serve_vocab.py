@@ -82,7 +82,10 @@ def test_written_files_read_back_as_the_loaders_do(tmp_path, case, request):
     assert t2d.dtype == torch.bool and t2d.shape == (target_vocab,) and t2d.nonzero().flatten().tolist() == want.tolist()
 
 
-def test_bad_inputs():
+def test_bad_inputs(tmp_path):
+    assert write_server_vocab(tmp_path / "target-only", []) == []     # no --also-write: reads nothing
+    with pytest.raises(ExportError, match="cannot read its kept vocabulary"):
+        write_server_vocab(tmp_path / "target-only", ["sglang-token-map"])
     with pytest.raises(ExportError, match="--also-write takes"):
         parse_kinds("sglang-token-map,nope")
     assert parse_kinds("sglang-token-map, vllm-draft-vocab") == ["sglang-token-map", "vllm-draft-vocab"]
