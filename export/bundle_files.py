@@ -84,7 +84,7 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
     if parts.transform is None:
         t_stats = t.graph.meta.get("weight_stats") or weight_stats(root / "target" / "model.onnx")
         d_stats = pruned["info"]["weight_stats"]
-        ios = {"target": t.graph.meta.get("io") or io_names(root / "target" / "model.onnx"),
+        ios = {"target": io_names(root / "target" / "model.onnx"),     # the cached graph + logits_to_keep
                "drafter": pruned["info"]["io"]}
     else:
         t_stats = weight_stats(root / "target" / "model.onnx")
@@ -142,7 +142,7 @@ def _write_target_only(root: Path, parts: BundleParts) -> dict:
     onnx_path = root / "target" / "model.onnx"
     stats = weight_stats(onnx_path) if parts.transform is not None else \
         t.graph.meta.get("weight_stats") or weight_stats(onnx_path)
-    io = io_names(onnx_path) if parts.transform is not None else t.graph.meta.get("io") or io_names(onnx_path)
+    io = io_names(onnx_path)          # the cached graph + logits_to_keep (export/last_logits.py)
     checks = {"target_vs_torch_max_abs_diff": t_diff,
               "target_vs_torch": {k: t_check.get(k) for k in ("atol", "rtol", "max_excess_over_rtol", "ok",
                                                               "torch_logit_absmax")},

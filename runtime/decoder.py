@@ -41,7 +41,7 @@ from edgespec.runtime.strategies import STRATEGIES, choose_auto, get_strategy
 from edgespec.runtime.text import TextState
 
 # Drafter context window (context.DrafterWindow): acceptance against window size, README "Long prompts".
-DEFAULT_DRAFTER_WINDOW = 128
+DEFAULT_DRAFTER_WINDOW = 256
 PLAIN_STEPS = ("exact", "fast")
 
 
@@ -288,7 +288,7 @@ class SpeculativeDecoder:
             b = self.bundle.target
             bos = tok.id_to_token(b.bos_id) if b.bos_id is not None else ""
             eos = tok.id_to_token(b.eos_ids[0]) if b.eos_ids else ""
-            text = render_chat(self.bundle.chat_template, as_messages(prompt), bos_token=bos or "", eos_token=eos or "")
+            text = render_chat(self.bundle.require_chat_template(), as_messages(prompt), bos_token=bos or "", eos_token=eos or "")
             ids = tok.encode(text, add_special_tokens=False).ids
         elif isinstance(prompt, str):
             if not prompt:

@@ -113,12 +113,12 @@ def test_ar_takes_the_default_auto_draft_length_and_drafts_nothing(tiny_self_bun
     assert st.drafted == 0 and st.draft_forwards == 0 and st.verify_forwards == st.new_tokens - 1
 
 
-def test_auto_picks_slem_for_a_hetero_pair_and_tli_for_a_shared_tokenizer(tiny_hetero_bundle, tiny_self_bundle):
+def test_auto_picks_slem_for_a_hetero_pair_and_ngram_tli_for_a_shared_tokenizer(tiny_hetero_bundle, tiny_self_bundle):
     het = SpeculativeDecoder(tiny_hetero_bundle, threads=1)
     assert het.generate(PROMPTS[3], max_new_tokens=4).stats.strategy == "slem"
     assert het.generate(PROMPTS[3], max_new_tokens=4, temperature=1.0, seed=0).stats.strategy == "slem"
     same = SpeculativeDecoder(tiny_self_bundle, threads=1)
-    assert same.generate(PROMPTS[3], max_new_tokens=4).stats.strategy == "tli"
+    assert same.generate(PROMPTS[3], max_new_tokens=4).stats.strategy == "ngram-tli"
 
 
 def test_auto_stats(tiny_self_bundle):

@@ -12,7 +12,7 @@ def test_generate_cli_matches_the_api(tiny_same_bundle, capsys):
     out = json.loads(capsys.readouterr().out)
     ref = SpeculativeDecoder(tiny_same_bundle, strategy="ar", threads=1).generate("The quick", max_new_tokens=12)
     assert out["token_ids"] == ref.token_ids and out["text"] == ref.text
-    assert out["stats"]["strategy"] == "tli" and out["stats"]["new_tokens"] == len(ref.token_ids)
+    assert out["stats"]["strategy"] == "ngram-tli" and out["stats"]["new_tokens"] == len(ref.token_ids)
 
 
 def test_generate_cli_stream_and_stats(tiny_hetero_bundle, capsys):
