@@ -12,10 +12,14 @@ active we raise EPError naming what is active and what this build offers, unless
 `allow_fallback=True`, in which case we warn and record the fallback (it ends up in the stats).
 
 Threads (docs/runtime.md, "Threads"; docs/fast-path.md): min(cores, 4) intra-op threads that spin
-while a run lasts and stop spinning when it returns (`session.force_spinning_stop`). ORT's default
-(spinning that goes on after the run) lets the idle session's threads steal the cores from the other
-session of the pair (Qwen-1.5B int4 + 0.5B, 2 threads: `tli` 11.9 tok/s); spinning off costs a
-thread wake-up per node (20.7 tok/s); spinning with a forced stop gave 24.5 tok/s in the same setting.
+while a run lasts. The drafter's stop spinning when its run returns (`session.force_spinning_stop`):
+with ORT's default (spinning that goes on after the run) on both sessions the idle session's threads
+steal the cores from the other (Qwen-1.5B int4 + 0.5B, 2 threads: `tli` 11.9 tok/s); spinning off
+costs a thread wake-up per node (20.7 tok/s); a forced stop on both gave 24.5 tok/s. The target's
+keep ORT's default: its next run (the next plain step) starts on awake threads. Measured 2026-11-26,
+same box and run, 1-token int4 1.5B steps: 64.8 ms spinning on, 73.0 ms with the forced stop, 68.5 ms
+spinning off; the pair's decode rate did not drop (auto 14.72 vs 14.53 tok/s, 6 calib prompts), plain
+steps gained 13-15% (ar-fast 14.82 vs 12.94 tok/s).
 An explicit `threads=n` uses n threads: a whole number from 1 to MAX_THREADS (`check_threads`; anything
 else, 2.7, 0, "2", True, is a one-line EPError).
 """
@@ -104,9 +108,9 @@ def check_threads(threads, name: str = "threads") -> int | None:
     return int(threads)
 
 
-def session_options(threads: int | None = None, name: str = "threads"):
-    """SessionOptions with our thread policy: n intra-op threads that spin only while a run lasts
-    (`session.force_spinning_stop`), one inter-op thread."""
+def session_options(threads: int | None = None, name: str = "threads", stop_spinning: bool = True):
+    """SessionOptions with our thread policy: n intra-op threads that spin while a run lasts and, with
+    stop_spinning, stop when it returns (`session.force_spinning_stop`), one inter-op thread."""
     ort = _ort()
     n = check_threads(threads, name)
     n = default_threads() if n is None else n
@@ -121,7 +125,7 @@ def session_options(threads: int | None = None, name: str = "threads"):
         # drafter: 13 vs 21 ms a step); stopping it when Run() returns keeps idle threads from stealing
         # the cores from the other session of the pair (docs/fast-path.md, "Threads").
         so.add_session_config_entry("session.intra_op.allow_spinning", "1")
-        so.add_session_config_entry("session.force_spinning_stop", "1")
+        so.add_session_config_entry("session.force_spinning_stop", "1" if stop_spinning else "0")
     return so
 
 
@@ -142,7 +146,8 @@ def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu
     providers = resolve_providers(ep)
     names = [n for n, _ in providers]
     only_cpu = all(n == CPU for n in names)
-    so = session_options(threads, "threads" if role in ("model", "target") else f"{role} threads")
+    so = session_options(threads, "threads" if role in ("model", "target") else f"{role} threads",
+                         stop_spinning=role not in ("model", "target"))
     available = list(ort.get_available_providers())
     if names[0] not in available and not allow_fallback:     # refuse before ORT warns and prints about it
         raise EPError(f"{role}: execution provider {names[0]} is not in this onnxruntime build (it offers "

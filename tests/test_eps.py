@@ -95,6 +95,8 @@ def test_thread_options():
     # threads spin during a run and stop when it returns (no stealing from the other session)
     assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
     assert so.get_session_config_entry("session.force_spinning_stop") == "1"
+    # the target's keep spinning after a run: its next plain step starts on awake threads
+    assert session_options(2, stop_spinning=False).get_session_config_entry("session.force_spinning_stop") == "0"
     assert session_options(1).intra_op_num_threads == 1
     with pytest.raises(EPError):
         session_options(0)
