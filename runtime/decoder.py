@@ -101,7 +101,9 @@ class SpeculativeDecoder:
                 raise GenerationError(f"bundle {bundle.path} has no drafter: strategy {strat.name!r} needs one; use "
                                       "strategy 'ngram' (prompt lookup) or 'ar', or export a pair")
         tinfo = bundle.target.info
-        sess, self.target_session_info = create_session(bundle.target.onnx, ep, threads, allow_fallback, "target")
+        # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
+        sess, self.target_session_info = create_session(bundle.target.onnx, ep, threads, allow_fallback, "target",
+                                                        stop_spinning=strat.uses_drafter)
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
         self.drafter = None

@@ -15,11 +15,12 @@ Threads (docs/runtime.md, "Threads"; docs/fast-path.md): min(cores, 4) intra-op 
 while a run lasts. The drafter's stop spinning when its run returns (`session.force_spinning_stop`):
 with ORT's default (spinning that goes on after the run) on both sessions the idle session's threads
 steal the cores from the other (Qwen-1.5B int4 + 0.5B, 2 threads: `tli` 11.9 tok/s); spinning off
-costs a thread wake-up per node (20.7 tok/s); a forced stop on both gave 24.5 tok/s. The target's
-keep ORT's default: its next run (the next plain step) starts on awake threads. Measured 2026-11-26,
-same box and run, 1-token int4 1.5B steps: 64.8 ms spinning on, 73.0 ms with the forced stop, 68.5 ms
-spinning off; the pair's decode rate did not drop (auto 14.72 vs 14.53 tok/s, 6 calib prompts), plain
-steps gained 13-15% (ar-fast 14.82 vs 12.94 tok/s).
+costs a thread wake-up per node (20.7 tok/s); a forced stop on both gave 24.5 tok/s. A target with
+no drafter session beside it (`ar`, `ngram`, a target-only bundle) keeps ORT's default: its next run
+(the next plain step) starts on awake threads. Measured 2026-11-26, same box and run, 1-token int4
+1.5B steps: 64.8 ms spinning on, 73.0 ms with the forced stop, 68.5 ms spinning off. With a drafter
+beside it the target stops too: letting it spin slowed the drafter's steps (c_time 0.28 -> 0.48 on the
+held-out bench) and the default decoder lost 5% (13.47 -> 12.77 tok/s).
 An explicit `threads=n` uses n threads: a whole number from 1 to MAX_THREADS (`check_threads`; anything
 else, 2.7, 0, "2", True, is a one-line EPError).
 """
@@ -140,14 +141,14 @@ class SessionInfo:
 
 
 def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu", threads: int | None = None,
-                   allow_fallback: bool = False, role: str = "model"):
+                   allow_fallback: bool = False, role: str = "model", stop_spinning: bool = True):
     """(InferenceSession, SessionInfo). Raises EPError if the requested EP is not active (unless allow_fallback)."""
     ort = _ort()
     providers = resolve_providers(ep)
     names = [n for n, _ in providers]
     only_cpu = all(n == CPU for n in names)
     so = session_options(threads, "threads" if role in ("model", "target") else f"{role} threads",
-                         stop_spinning=role not in ("model", "target"))
+                         stop_spinning=stop_spinning)
     available = list(ort.get_available_providers())
     if names[0] not in available and not allow_fallback:     # refuse before ORT warns and prints about it
         raise EPError(f"{role}: execution provider {names[0]} is not in this onnxruntime build (it offers "
