@@ -125,3 +125,13 @@ def find_head(graph) -> tuple:
             return node, inits[tp.input[0]], "VH", tp, None, path
     raise ExportError("cannot find the LM head weight: the logits MatMul's weight is neither an initializer "
                       "nor a transposed initializer")
+
+
+def logits_dims_after_head_edit(graph, head, path):
+    """After an edit of the LM head (pruned columns, sliced rows): drop the stale shapes of the head's
+    output and of the ops between it and `logits`; returns the `logits` output's dims to fix."""
+    stale = {head.output[0], *[o for n in path for o in n.output]}
+    for vi in list(graph.value_info):
+        if vi.name in stale:
+            graph.value_info.remove(vi)
+    return next(o for o in graph.output if o.name == "logits").type.tensor_type.shape.dim

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.errors import ExportError
-from edgespec.export.graph_info import find_head
+from edgespec.export.graph_info import find_head, logits_dims_after_head_edit
 
 LOGITS_TO_KEEP = "logits_to_keep"
 _MAX = np.iinfo(np.int64).max
@@ -54,16 +54,10 @@ def add_logits_to_keep(model) -> bool:
         graph.node.insert(at, node)
     head.input[0] = p + "out"
     # The head's output and everything between it and `logits` now has k rows, not the input's length.
-    stale = {head.output[0], *[o for n in path for o in n.output]}
-    for vi in list(graph.value_info):
-        if vi.name in stale:
-            graph.value_info.remove(vi)
-    for out in graph.output:
-        if out.name == "logits":
-            dims = out.type.tensor_type.shape.dim
-            if len(dims) >= 2:
-                dims[1].ClearField("dim_value")
-                dims[1].dim_param = "logits_length"
+    dims = logits_dims_after_head_edit(graph, head, path)
+    if len(dims) >= 2:
+        dims[1].ClearField("dim_value")
+        dims[1].dim_param = "logits_length"
     return True
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import ExportError
-from edgespec.export.graph_info import all_tensors, find_head, io_names, np_dtype, weight_stats
+from edgespec.export.graph_info import (all_tensors, find_head, io_names, logits_dims_after_head_edit, np_dtype,
+                                        weight_stats)
 from edgespec.export.last_logits import add_logits_to_keep
 
 HEAD_NAME = "edgespec.lm_head.weight"
@@ -78,15 +79,9 @@ def prune_head(src: Path, dst_dir: Path, keep: np.ndarray, index_map: np.ndarray
         hidden, vocab, shared = _prune_float(graph, mm, w_init, layout, tp, bias, keep, src.parent)
     k = int(keep.size)
     # Drop stale shapes on the head path and fix the logits output dimension.
-    stale = {mm.output[0], *[o for n in path for o in n.output]}
-    for vi in list(graph.value_info):
-        if vi.name in stale:
-            graph.value_info.remove(vi)
-    for out in graph.output:
-        if out.name == "logits":
-            dims = out.type.tensor_type.shape.dim
-            dims[len(dims) - 1].ClearField("dim_param")
-            dims[len(dims) - 1].dim_value = k
+    dims = logits_dims_after_head_edit(graph, mm, path)
+    dims[len(dims) - 1].ClearField("dim_param")
+    dims[len(dims) - 1].dim_value = k
     # Constant outputs.
     for name, arr in (("index_map", index_map), ("draft_ids", keep)):
         if any(o.name == name for o in graph.output):

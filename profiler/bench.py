@@ -42,7 +42,8 @@ from edgespec.profiler.machine import peak_rss_mb, read_bandwidth, reset_peak_rs
 from edgespec.profiler.peers import make_peers
 from edgespec.profiler.settings import FAST_BASELINE, BenchSettings, gamma_label, is_auto
 from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.decoder import MAX_DRAFT_LENGTH, SpeculativeDecoder, check_draft_length, check_generation_args
+from edgespec.runtime.checks import MAX_DRAFT_LENGTH, check_draft_length, check_generation_args
+from edgespec.runtime.decoder import SpeculativeDecoder
 from edgespec.runtime.manifest import manifest_sha256
 from edgespec.runtime.rounds import draft_tokens
 from edgespec.runtime.strategies import STRATEGIES, get_strategy

@@ -7,8 +7,8 @@ import sys
 
 from edgespec.errors import GenerationError
 from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.decoder import (DEFAULT_DRAFTER_WINDOW, PLAIN_STEPS, SpeculativeDecoder, check_draft_length,
-                                      check_generation_args)
+from edgespec.runtime.checks import DEFAULT_DRAFTER_WINDOW, PLAIN_STEPS, check_draft_length, check_generation_args
+from edgespec.runtime.decoder import SpeculativeDecoder
 
 
 def register(subparsers) -> None:
