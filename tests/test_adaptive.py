@@ -86,7 +86,9 @@ def test_broken_verifier_fails_with_prompt_lookup(tiny_self_bundle, monkeypatch,
     """Negative control: the same test catches a verifier that accepts every draft."""
     monkeypatch.setattr(rounds_module, "verify_sampled", _verify_accepting_everything)
     b = Bundle.load(tiny_self_bundle)
-    dec = SpeculativeDecoder(b, strategy=strategy, ngram_max_n=1, threads=1)
+    # a fixed draft length: with "auto" the governor may time drafting out, and a control that never
+    # drafts cannot fail
+    dec = SpeculativeDecoder(b, strategy=strategy, ngram_max_n=1, draft_length=4, threads=1)
     samples = sample_tokens(dec, LOOKUP_PROMPT, 2000, 0, SamplingParams(temperature=1.0))
     pvals = check_lossless(dec, b, LOOKUP_PROMPT, samples=samples)
     assert min(pvals["x2"], pvals["x3|x1x2"]) < ALPHA, pvals
