@@ -168,9 +168,9 @@ class ModelRunner:
         pad=False: a short forward takes the graph's own (fast) path, unpadded."""
         if pad and 0 < len(ids) < self.min_tokens:  # pad with the last id, then drop it: causal, so exact
             flat = np.asarray(ids, dtype=np.int64).ravel()
-            pad = self.min_tokens - flat.size
-            logits = self.forward(np.concatenate([flat, np.repeat(flat[-1:], pad)]))
-            self.crop(self.length - pad)
+            extra = self.min_tokens - flat.size
+            logits = self.forward(np.concatenate([flat, np.repeat(flat[-1:], extra)]))
+            self.crop(self.length - extra)
             logits = logits[:flat.size]
             return logits if last is None else logits[-last:]
         s = len(ids)
@@ -232,8 +232,7 @@ class ModelRunner:
         feeds = {"input_ids": np.zeros((1, 1), dtype=np.int64), "attention_mask": np.ones((1, 1), dtype=np.int64)}
         if self.has_position_ids:
             feeds["position_ids"] = np.zeros((1, 1), dtype=np.int64)
-        if self.keeps_last:
-            feeds[LOGITS_TO_KEEP] = np.zeros(1, dtype=np.int64)
+        feeds.update(default_feeds(self.session))
         empty = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=self.kv_dtype)
         for name in self.past_names:
             feeds[name] = empty

@@ -10,8 +10,8 @@ The target keeps at most len(prompt) - 1 positions: the prompt's last token is a
 logits give the first new token. Reused positions were computed by the earlier call's forwards (its
 prefill and its verify forwards); a cold prefill computes the same function over the same tokens, and
 on graphs whose 1-token kernel path differs every such forward was padded (runtime/kv.py), so the
-positions hold what a cold prefill puts there up to float summation order. tests/test_prefix.py checks
-that the tokens equal a cold call's.
+positions hold what a cold prefill puts there up to float summation order. tests/test_long_prompts.py
+checks that the tokens equal a cold call's.
 """
 from __future__ import annotations
 
@@ -60,10 +60,9 @@ class PrefixCache:
         drafter positions kept (0: reset)."""
         old = self.drafter_ids
         if old is not None and runner.length:
-            covered = self.drafter_anchor + max(0, runner.length - len(self.drafter_sink))
-            same = common_prefix(old[:covered], ctx_ids)
-            if same > self.drafter_anchor and same < len(ctx_ids):
-                window.anchor, window.sink = self.drafter_anchor, list(self.drafter_sink)
+            window.anchor, window.sink = self.drafter_anchor, list(self.drafter_sink)
+            same = common_prefix(old[:window.covered(runner.length)], ctx_ids)
+            if window.anchor < same < len(ctx_ids):
                 window.keep_valid(same, runner)
                 return runner.length
         runner.reset()

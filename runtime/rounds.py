@@ -91,9 +91,9 @@ def draft_tokens(gen: "Generation", gamma: int) -> Draft:
         draft.pending_prefill = gen.drafter.length == 0
         if dec.concurrent_draft:
             draft.t_submit = time.perf_counter()
-            draft.pending = dec.side_runner().submit(gen.drafter.forward, pending)
+            draft.pending = dec.side_runner().submit(gen.drafter.forward, pending, 1)    # last row only
         else:
-            draft.pending = _done(gen.drafter.forward(pending))
+            draft.pending = _done(gen.drafter.forward(pending, 1))
     draft.keep.append(len(ctx.ids) if ctx is not None else 0)
     return draft
 
