@@ -1,10 +1,16 @@
 """The one file-hashing helper every part uses (torch-free)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import os
+import time
 from pathlib import Path
 
 from tqdm import tqdm
+
+from edgespec.paths import cache_home
 
 _BLOCK = 1 << 22
 
@@ -24,3 +30,67 @@ def sha256_file(path: str | Path, progress: bool = False, desc: str | None = Non
     if bar is not None:
         bar.close()
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------- digests remembered by file identity
+# A bundle's weights are gigabytes: hashing them at every `Bundle.load` costs seconds (10 s for the
+# int4 Qwen pair). A digest is reused only while the file's identity and metadata are unchanged:
+# device, inode, size, mtime and ctime (nanoseconds). A user process can set mtime but not ctime, which
+# the kernel moves on every write or metadata change, so a file rewritten in place is hashed again.
+DIGEST_CACHE = "digests.json"
+_MAX_ENTRIES = 4096
+_SETTLED_NS = 2_000_000_000
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _cache_file() -> Path:
+    return cache_home() / DIGEST_CACHE
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+class DigestMemory:
+    """sha256 of files, reusing the digest recorded for the same file identity (see above). The record
+    lives in <edgespec cache>/digests.json, read once and written once (`save`); an unreadable or
+    unwritable record only means hashing again."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or _cache_file()
+        self.entries = _read_cache(self.path)
+        self.changed = False
+
+    def sha256(self, file: str | Path) -> str:
+        file = Path(file)
+        key = str(file.resolve())
+        ident = _identity(file.stat())
+        entry = self.entries.get(key)
+        if isinstance(entry, dict) and entry.get("id") == ident and isinstance(entry.get("sha256"), str):
+            return entry["sha256"]
+        digest = sha256_file(file)
+        # Remember it only if unchanged while being read and not "racily clean" (as git says): the kernel's
+        # timestamps are coarse (a tick of a few ms), so a write just after a recent one may not move ctime.
+        if _identity(file.stat()) == ident and time.time_ns() - ident[4] > _SETTLED_NS:
+            self.entries.pop(key, None)
+            self.entries[key] = {"id": ident, "sha256": digest}
+            self.changed = True
+        return digest
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        entries = dict(list(self.entries.items())[-_MAX_ENTRIES:])     # the most recent ones
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{DIGEST_CACHE}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(entries), encoding="utf-8")
+            os.replace(tmp, self.path)
+        self.changed = False

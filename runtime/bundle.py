@@ -1,7 +1,9 @@
 """`Bundle.load(dir)`: a validated, loaded edgespec bundle (see docs/architecture.md). Torch-free.
 
 Checks, by `verify` mode (`Bundle.load` defaults to "full"; the CLI's `--verify` defaults to "fast"):
-- "full": every file listed in the manifest's `files` exists, has the listed size and sha256.
+- "full": every file listed in the manifest's `files` exists, has the listed size and sha256. A digest
+  is remembered per file identity (device, inode, size, mtime, ctime: edgespec/hashing.py), so a second
+  load of an unchanged bundle reads no weights; any write to a file makes it hashed again.
 - "fast": the same, except that files larger than FAST_HASH_LIMIT (64 MB: the graphs' weights) are
   only size-checked; every smaller file (graphs without their data, tokenizers and configs, the
   vocabulary maps, vocab.json, priors) is still hashed.
@@ -30,7 +32,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from edgespec.errors import BundleError, GenerationError
-from edgespec.hashing import sha256_file
+from edgespec.hashing import DigestMemory
 from edgespec.runtime.manifest import SIDES, check_io, check_required_files, is_target_only, read_manifest, shown
 from edgespec.runtime.vocab import vocab_hash
 
@@ -285,13 +287,14 @@ def verify_files(root: Path, manifest: dict, verify: str = "full") -> None:
     points outside it."""
     check_required_files(root, manifest)
     _check_symlinks(root)
+    memory = DigestMemory() if verify != "none" else None
     for rel, meta in manifest["files"].items():
         if not rel.isprintable() or _escapes(rel):
             raise BundleError(f"bundle {root}: bad file path in manifest: {shown(rel)}")
         p = _inside(root, rel)
         if not p.is_file():
             raise BundleError(f"bundle {root}: missing file {rel}")
-        if verify == "none":
+        if memory is None:
             continue
         size = p.stat().st_size
         if size != meta["bytes"]:
@@ -299,11 +302,13 @@ def verify_files(root: Path, manifest: dict, verify: str = "full") -> None:
         if verify == "fast" and size > FAST_HASH_LIMIT:
             continue
         try:
-            digest = sha256_file(p)
+            digest = memory.sha256(p)
         except OSError as exc:
             raise BundleError(f"bundle {root}: {rel} cannot be read ({exc.strerror or exc})") from exc
         if digest != meta["sha256"]:
             raise BundleError(f"bundle {root}: {rel} is corrupt (sha256 mismatch)")
+    if memory is not None:
+        memory.save()
 
 
 def _check_symlinks(root: Path) -> None:

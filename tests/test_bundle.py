@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,3 +147,42 @@ def test_csr_helper():
     assert csr.to_dense().tolist() == [[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]
     cols, vals = csr.row(1)
     assert cols.tolist() == [1] and vals.tolist() == [3.0]
+
+
+def test_full_verify_remembers_digests_of_unchanged_files(tiny_same_bundle, copy_bundle, monkeypatch, tmp_path):
+    """A second full load of an unchanged bundle reads no file; any write to a file makes it hashed again,
+    even with its size and mtime put back (ctime moves), and a just-written file is never remembered."""
+    import edgespec.hashing as H
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    b = copy_bundle(tiny_same_bundle)
+    Bundle.load(b, verify="full")              # files written < 2 s ago: hashed, not remembered
+    assert not (tmp_path / "home" / H.DIGEST_CACHE).exists()
+    monkeypatch.setattr(H, "_SETTLED_NS", 0)
+    Bundle.load(b, verify="full")
+    assert (tmp_path / "home" / H.DIGEST_CACHE).is_file()
+    hashed = []
+    real = H.sha256_file
+    monkeypatch.setattr(H, "sha256_file", lambda p, *a, **k: hashed.append(Path(p).name) or real(p, *a, **k))
+    Bundle.load(b, verify="full")
+    assert hashed == []
+    onnx = b / "drafter" / "model.onnx"
+    st = onnx.stat()
+    time.sleep(0.05)
+    _flip_byte(onnx)
+    os.utime(onnx, ns=(st.st_atime_ns, st.st_mtime_ns))      # size and mtime as before
+    with pytest.raises(BundleError, match=r"drafter/model.onnx is corrupt \(sha256"):
+        Bundle.load(b, verify="full")
+    assert hashed == ["model.onnx"]
+
+
+def test_unwritable_digest_cache_still_verifies(tiny_same_bundle, copy_bundle, monkeypatch, tmp_path):
+    import edgespec.hashing as H
+    home = tmp_path / "home"
+    home.write_text("a file where the cache directory should be")
+    monkeypatch.setenv("EDGESPEC_HOME", str(home))
+    monkeypatch.setattr(H, "_SETTLED_NS", 0)
+    b = copy_bundle(tiny_same_bundle)
+    Bundle.load(b, verify="full")
+    _flip_byte(b / "drafter" / "model.onnx")
+    with pytest.raises(BundleError, match="corrupt"):
+        Bundle.load(b, verify="full")
