@@ -84,6 +84,19 @@ class DigestMemory:
             self.changed = True
         return digest
 
+    def derived(self, file: str | Path, name: str, compute):
+        """compute() (a str or number that depends on the file's content alone), remembered beside the
+        file's digest once the file has one here."""
+        file = Path(file)
+        key = str(file.resolve())
+        entry = self.entries.get(key)
+        if not (isinstance(entry, dict) and entry.get("id") == _identity(file.stat())):
+            return compute()
+        if name not in entry:
+            entry[name] = compute()
+            self.changed = True
+        return entry[name]
+
     def save(self) -> None:
         if not self.changed:
             return

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+from tokenizers import __version__ as tokenizers_version
 
 from edgespec.errors import BundleError, GenerationError
 from edgespec.hashing import DigestMemory
@@ -173,12 +174,18 @@ class Bundle:
         if not root.is_dir():
             raise BundleError(f"bundle {root} does not exist or is not a directory")
         manifest = read_manifest(root)
-        verify_files(root, manifest, verify)
+        memory = verify_files(root, manifest, verify)
+        tokenizers: dict = {}       # tokenizer.json digest -> (Tokenizer, vocab_hash): a pair's shared file loads once
         if is_target_only(manifest):
             none = np.zeros(0, dtype=np.int64)
-            return cls(path=root, manifest=manifest, target=_load_side(root, manifest, "target"), drafter=None,
+            target = _load_side(root, manifest, "target", memory, tokenizers)
+            if memory is not None:
+                memory.save()
+            return cls(path=root, manifest=manifest, target=target, drafter=None,
                        index_map=none, draft_ids=none, drafter_to_target=none, target_to_drafter=none, vocab={})
-        sides = {side: _load_side(root, manifest, side) for side in SIDES}
+        sides = {side: _load_side(root, manifest, side, memory, tokenizers) for side in SIDES}
+        if memory is not None:
+            memory.save()
         same = sides["target"].info["tokenizer"]["vocab_hash"] == sides["drafter"].info["tokenizer"]["vocab_hash"]
         if manifest["same_tokenizer"] != same:
             raise BundleError(f"bundle {root}: manifest says same_tokenizer={manifest['same_tokenizer']}, but the "
@@ -281,10 +288,10 @@ def optional_file(root: Path, manifest: dict, rel: str, what: str, named: bool =
     return bundle_file(root, manifest, rel, what)
 
 
-def verify_files(root: Path, manifest: dict, verify: str = "full") -> None:
+def verify_files(root: Path, manifest: dict, verify: str = "full") -> DigestMemory | None:
     """Every listed file is inside the bundle and exists; unless verify="none", its size matches and
     (in "fast" mode only up to FAST_HASH_LIMIT bytes) so does its sha256. No symlink in the bundle
-    points outside it."""
+    points outside it. Returns the digest memory used (None for "none"), saved."""
     check_required_files(root, manifest)
     _check_symlinks(root)
     memory = DigestMemory() if verify != "none" else None
@@ -309,6 +316,7 @@ def verify_files(root: Path, manifest: dict, verify: str = "full") -> None:
             raise BundleError(f"bundle {root}: {rel} is corrupt (sha256 mismatch)")
     if memory is not None:
         memory.save()
+    return memory
 
 
 def _check_symlinks(root: Path) -> None:
@@ -322,23 +330,16 @@ def _check_symlinks(root: Path) -> None:
                                   f"{shown(str(real))}, outside the bundle")
 
 
-def _load_side(root: Path, manifest: dict, side: str) -> ModelFiles:
+def _load_side(root: Path, manifest: dict, side: str, memory: DigestMemory | None = None,
+               tokenizers: dict | None = None) -> ModelFiles:
     info = manifest[side]
     d = root / side
     onnx_path = bundle_file(root, manifest, info.get("onnx") or f"{side}/model.onnx", f"{side}.onnx")
     io = info["io"]
     check_io(root, side, io)
     tok_path = bundle_file(root, manifest, f"{side}/tokenizer.json", f"{side} tokenizer")
-    try:
-        tok = Tokenizer.from_file(str(tok_path))
-    except Exception as exc:  # tokenizers raises plain Exception on a bad file
-        raise BundleError(f"bundle {root}: {side}/tokenizer.json cannot be loaded "
-                          f"({' '.join(str(exc).split())[:120]})") from exc
-    stale = stale_gguf_tokenizer(tok)
-    if stale:
-        raise BundleError(f"bundle {root}: its {side} tokenizer is {stale}; re-export with edgespec >= "
-                          f"{TOKENIZER_FIXED_IN}")
-    want, have = info["tokenizer"]["vocab_hash"], vocab_hash(tok)
+    tok, have = _load_tokenizer(root, side, tok_path, memory, {} if tokenizers is None else tokenizers)
+    want = info["tokenizer"]["vocab_hash"]
     if have != want:
         raise BundleError(f"bundle {root}: {side}/tokenizer.json is not the {side} tokenizer this bundle was exported "
                           f"with (vocab_hash {have[:12]}…, manifest says {want[:12]}…)")
@@ -350,6 +351,28 @@ def _load_side(root: Path, manifest: dict, side: str) -> ModelFiles:
         except (OSError, ValueError) as exc:
             raise BundleError(f"bundle {root}: {side}/chat_template.jinja is unreadable ({exc})") from exc
     return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer=tok, chat_template=tpl, io=io)
+
+
+def _load_tokenizer(root: Path, side: str, path: Path, memory: DigestMemory | None, loaded: dict):
+    """(Tokenizer, its vocab_hash). With a digest memory (verify "full"/"fast": the file was hashed), a file
+    whose digest was loaded already is not parsed again, and the vocab hash is remembered with the digest."""
+    digest = memory.sha256(path) if memory is not None else None
+    if digest is not None and digest in loaded:
+        return loaded[digest]
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises plain Exception on a bad file
+        raise BundleError(f"bundle {root}: {side}/tokenizer.json cannot be loaded "
+                          f"({' '.join(str(exc).split())[:120]})") from exc
+    stale = stale_gguf_tokenizer(tok)
+    if stale:
+        raise BundleError(f"bundle {root}: its {side} tokenizer is {stale}; re-export with edgespec >= "
+                          f"{TOKENIZER_FIXED_IN}")
+    have = (memory.derived(path, f"vocab_hash@tokenizers-{tokenizers_version}", lambda: vocab_hash(tok))
+            if memory is not None else vocab_hash(tok))
+    if digest is not None:
+        loaded[digest] = (tok, have)
+    return tok, have
 
 
 def stale_gguf_tokenizer(tok) -> str | None:

@@ -427,7 +427,8 @@ def test_symlink_loop_and_unreadable_file(tiny_self_bundle, copy_bundle, monkeyp
     def denied(path):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(B, "sha256_file", denied)
+    import edgespec.hashing as H
+    monkeypatch.setattr(H, "sha256_file", denied)
     with pytest.raises(BundleError, match="cannot be read .Permission denied") as exc:
         Bundle.load(b2, verify="full")
     _one_line(exc)
