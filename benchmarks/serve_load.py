@@ -165,7 +165,8 @@ async def level(url: str, texts: list[str], clients: int, requests: int, max_tok
             await one(todo.pop(0))
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(clients)))
+    async with client:          # closed inside the loop (not at interpreter exit: "Event loop is closed")
+        await asyncio.gather(*(worker() for _ in range(clients)))
     wall = time.perf_counter() - t0
     q = statistics.quantiles(ttfts, n=20) if len(ttfts) > 1 else ttfts * 19
     return {"clients": clients, "requests": requests, "completed": len(tokens), "errors": errors,
