@@ -5,9 +5,10 @@ SkipSimplifiedLayerNormalization, a packed QKV projection and, for int4/int8, Ma
 nodes for a 28-layer model where optimum's export has ~7,000. Its KV cache can be one buffer shared by
 `past_key_values.*` and `present.*` (runtime/kv.py binds it once and never copies it).
 
-`build_model(hf_dir, sha256, precision=...)` runs `python -m onnxruntime_genai.models.builder` in a
-child process (its log goes to a file; a failure raises ExportError with the log's last line and
-leaves nothing in the cache), then:
+`build_model(hf_dir, sha256, precision=...)` runs onnxruntime-genai's builder in a child process
+(`python -m edgespec.export.builder_child`, the builder with its memory peak cut and its bytes
+unchanged; its log goes to a file; a failure raises ExportError with the log's last line and leaves
+nothing in the cache), then loads the torch reference once the child has exited, and:
 - names the symbolic head dimension (`kv_cache_dim`) so every consumer sees static KV shapes;
 - records in the graph's metadata that the KV cache may be shared (`edgespec.kv_cache = shared`);
 - Gemma: replaces the builder's embedding scale, sqrt(hidden_size) rounded to 2 decimals, with the
@@ -165,7 +166,7 @@ def build_model(hf_dir: Path, source_sha256: str, name: str = "model", precision
 
 def _run_builder(hf_dir: Path, out: Path, precision: str, ep: str, options: dict) -> float:
     work = out / ".builder-cache"
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
+    cmd = [sys.executable, "-m", "edgespec.export.builder_child", "-i", str(hf_dir), "-o", str(out),
            "-p", precision, "-e", ep, "-c", str(work)]
     if options:
         cmd += ["--extra_options", *[f"{k}={v}" for k, v in options.items()]]
@@ -218,8 +219,10 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
     info = ox.model_info(hf_dir)
     ox._log(progress, f"building {name} with onnxruntime-genai's model builder ({precision}, {ep}); cached for re-use")
     ids = ox.check_inputs(info["vocab_size"])
-    ref, params = _torch_logits(hf_dir, ids, name)
+    # The builder's child process first, torch's reference after it has exited: the two fp32 copies of
+    # the model (7.1 GB each for a 1.5B) never coexist.
     seconds = _run_builder(hf_dir, out, precision, ep, options)
+    ref, params = _torch_logits(hf_dir, ids, name)
     for f in list(out.iterdir()):         # keep the graph, its data and the genai config
         if f.name not in ("model.onnx", ox.DATA_NAME, "genai_config.json"):
             f.unlink() if f.is_file() else shutil.rmtree(f)
