@@ -17,6 +17,9 @@ examples:
   edgespec calibrate --pair smollm-self --source raw --data '/usr/lib/python3.11/**/*.py' --keep 8192 --out v.json
   edgespec calibrate --pair qwen-coder --bundle B --source target --prompts humaneval --split calib \\
       --max-tokens 4000 --keep 32768 --affinity cooc --a-star --out v.json
+  edgespec export --target qwen2.5-coder-1.5b --quantize int4 --quality-tokens 0 --out target-int4
+  edgespec calibrate --pair qwen-coder --target-bundle target-int4 --source target --prompts humaneval \
+      --threads 2 --keep 32768 --out v.json      # then: edgespec export --pair qwen-coder --vocab v.json ...
   edgespec calibrate --pair qwen-coder --source raw target --mix 1 1 --data 'DIR/**/*.py' \\
       --prompts humaneval --keep 32768 --out v.json
 """
@@ -30,7 +33,10 @@ def register(subparsers) -> None:
     m.add_argument("--target", help="target model source (recipe, HF dir, GGUF)")
     m.add_argument("--drafter", help="drafter model source")
     m.add_argument("--bundle", type=Path, help="run the models through this bundle's ONNX graphs (no torch)")
-    m.add_argument("--ep", default="cpu", help="execution provider for --bundle (default cpu)")
+    m.add_argument("--target-bundle", type=Path, metavar="DIR",
+                   help="generate the target source with this bundle's ONNX target (a target-only bundle is "
+                        "enough: `edgespec export --target T --quantize int4`), tokenizers from --pair; no torch")
+    m.add_argument("--ep", default="cpu", help="execution provider for --bundle/--target-bundle (default cpu)")
     m.add_argument("--threads", type=int, default=1, help="ORT intra-op threads (default 1)")
     s = p.add_argument_group("counting")
     s.add_argument("--source", nargs="+", required=True, choices=["raw", "target", "drafter"],
@@ -101,7 +107,7 @@ def run(args) -> int:
                                                      ("min-count", args.min_count)) if v is not None), (None, None))
     cfg = CalibrationConfig(
         out=args.out, sources=args.source, policy=policy, value=value, pair=args.pair, target=args.target,
-        drafter=args.drafter, bundle=args.bundle, mix=args.mix, data=args.data, jsonl_field=args.jsonl_field,
+        drafter=args.drafter, bundle=args.bundle, target_bundle=args.target_bundle, mix=args.mix, data=args.data, jsonl_field=args.jsonl_field,
         max_raw_tokens=args.max_raw_tokens, prompts=args.prompts, split=args.split, max_tokens=args.max_tokens,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         chat={"auto": None, "on": True, "off": False}[args.chat], affinity=args.affinity,

@@ -22,12 +22,15 @@ from edgespec.calibrate import priors
 from edgespec.calibrate import select as sel
 from edgespec.calibrate.counts import (TokenCounter, _open_binary, count_corpus, expand_inputs, is_jsonl,
                                        map_counts, sha256_file)
-from edgespec.calibrate.generate import generate_corpus, load_generations, save_generations
+from edgespec.calibrate.generate import BundleGenerator, generate_corpus, load_generations, save_generations
 from edgespec.calibrate.models import resolve_models
 from edgespec.calibrate.output import AtomicOutput, file_digests, output_paths, save_npz, versions
 from edgespec.calibrate.prompts import load_prompts, prompts_digest
 from edgespec.calibrate.tfpass import teacher_forced_priors
-from edgespec.errors import CalibrationError
+from edgespec.errors import CalibrationError, EdgespecError
+from edgespec.runtime.bundle import Bundle
+from edgespec.runtime.manifest import manifest_sha256
+from edgespec.runtime.vocab import vocab_hash
 
 SOURCES = ("raw", "target", "drafter")
 
@@ -42,6 +45,7 @@ class CalibrationConfig:
     target: str | None = None
     drafter: str | None = None
     bundle: Path | None = None
+    target_bundle: Path | None = None  # the target's generations from this bundle's ONNX graph (target-only is fine)
     mix: list[float] | None = None
     data: list[str] = field(default_factory=list)
     jsonl_field: str = "text"
@@ -97,6 +101,12 @@ def check_config(cfg: CalibrationConfig) -> list[float]:
         raise CalibrationError("--source raw needs --data PATH_OR_GLOB")
     if {"target", "drafter"} & set(cfg.sources) and not (cfg.prompts or cfg.generated):
         raise CalibrationError("--source target/drafter needs --prompts humaneval|FILE.jsonl (or --generated FILE)")
+    if cfg.target_bundle is not None:
+        if cfg.bundle is not None:
+            raise CalibrationError("give --bundle or --target-bundle, not both (--bundle already runs the target)")
+        if "target" not in cfg.sources or cfg.generated:
+            raise CalibrationError("--target-bundle generates the target source: add --source target (without "
+                                   "--generated)")
     if cfg.save_text is not None and not Path(cfg.save_text).expanduser().parent.is_dir():
         raise CalibrationError(f"--save-text {cfg.save_text}: the directory does not exist")
     if cfg.save_text is not None and cfg.generated:
@@ -208,12 +218,14 @@ def _count_source(cfg: CalibrationConfig, models, name: str) -> tuple[dict, list
         _log(cfg, f"{name}: {len(gens)} saved generation(s) from {len(paths)} file(s)")
     else:
         prompts = load_prompts(cfg.prompts, cfg.split)
-        generator = models.generator(name)
+        generator = _target_bundle_generator(cfg, models) if name == "target" and cfg.target_bundle else \
+            models.generator(name)
         _log(cfg, f"{name} generates up to {cfg.max_tokens} tokens from {len(prompts)} prompt(s) "
                   f"({cfg.prompts}, split {cfg.split}; engine {type(generator).__name__})")
         gens = generate_corpus(generator, prompts, cfg.max_tokens, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
                                cfg.seed, desc=f"{name} generating", progress=cfg.progress)
-        info = {"kind": name, "engine": type(generator).__name__, "prompts": cfg.prompts, "split": cfg.split,
+        info = {"kind": name, "engine": type(generator).__name__, **_engine_graph(generator),
+                "prompts": cfg.prompts, "split": cfg.split,
                 "prompts_used": len(gens), "prompts_sha256": prompts_digest(prompts), "temperature": cfg.temperature,
                 "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "chat": generator.chat}
     own = np.bincount(np.concatenate([g.ids for g in gens]), minlength=size).astype(np.float64)[:size]
@@ -228,6 +240,29 @@ def _count_source(cfg: CalibrationConfig, models, name: str) -> tuple[dict, list
         info["mapped"] = {"direct": mapped.direct, "retokenised": mapped.retokenised, "unmapped": mapped.unmapped}
     d, t = (other, own) if name == "target" else (own, other)
     return {"drafter": d, "target": t, "info": info}, gens
+
+
+def _target_bundle_generator(cfg: CalibrationConfig, models) -> BundleGenerator:
+    """The target's ONNX graph from --target-bundle (e.g. the int4 target, exported before the drafter's
+    vocabulary is known), refused unless its tokenizer is the calibrated pair's target tokenizer."""
+    try:
+        bundle = Bundle.load(cfg.target_bundle, verify="fast")
+    except EdgespecError as exc:
+        raise CalibrationError(f"--target-bundle {cfg.target_bundle}: {exc}") from None
+    if vocab_hash(bundle.target.tokenizer) != models.t_hash:
+        raise CalibrationError(f"--target-bundle {cfg.target_bundle}: its target tokenizer is not the pair's target "
+                               "tokenizer")
+    return BundleGenerator(bundle, cfg.ep, cfg.threads, cfg.chat)
+
+
+def _engine_graph(generator) -> dict:
+    """Which graph generated the text (recorded in the vocab's provenance)."""
+    bundle = getattr(generator, "bundle", None)
+    if bundle is None:
+        return {}
+    graph = bundle.manifest["target"].get("graph") or {}
+    return {"bundle": str(bundle.path), "bundle_manifest_sha256": manifest_sha256(bundle.path),
+            "graph": {k: graph.get(k) for k in ("kind", "precision") if k in graph}}
 
 
 def _heldout_counts(path_specs: list[str], models) -> tuple[np.ndarray, dict]:

@@ -284,3 +284,57 @@ def test_saved_generations_are_reused(tmp_path, tiny_same_bundle, tiny_hetero_bu
     rc, err = _run("--bundle", tiny_hetero_bundle, "--source", "target", "--generated", sp_gen, "--keep", 200,
                    "--out", tmp_path / "x.json", capsys=capsys)
     assert rc == 2 and "another target tokenizer" in err
+
+
+@pytest.fixture(scope="module")
+def target_only_bundle(tiny_models, tiny_export_cache, tmp_path_factory):
+    from edgespec.export.bundle_writer import export_bundle
+
+    out = tmp_path_factory.mktemp("target-only") / "b"
+    export_bundle(str(tiny_models["tiny-bl-a"]), None, out, progress=False, cache=tiny_export_cache)
+    return out
+
+
+def test_target_bundle_generates_the_target_text_without_torch(tmp_path, tiny_models, target_only_bundle):
+    """`--target-bundle`: the target's completions come from a target-only bundle's ONNX graph (no torch
+    loaded), the drafter's tokenizer from --drafter; the kept set is the drafter's and export takes it."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "v.json"
+    code = ("import sys; from edgespec.cli import main; "
+            f"rc = main(['calibrate', '--quiet', '--target', {str(tiny_models['tiny-bl-a'])!r}, '--drafter', "
+            f"{str(tiny_models['tiny-bl-b'])!r}, '--target-bundle', {str(target_only_bundle)!r}, '--source', 'target', "
+            f"'--prompts', 'humaneval', '--max-tokens', '40', '--max-new-tokens', '20', '--keep', '200', "
+            f"'--out', {str(out)!r}]); print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert res.stdout.strip().splitlines()[-1] == "0 False False", res.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    src = doc["provenance"]["sources"]["target"]
+    assert src["engine"] == "BundleGenerator" and src["bundle"] == str(target_only_bundle)
+    assert 0 < src["tokens"] <= 40 and len(doc["kept_ids"]) == 200
+    from edgespec.export.kept_vocab import load_vocab_file
+    from edgespec.runtime.vocab import tokenizer_info
+
+    d = tokenizer_info(tiny_models["tiny-bl-b"])
+    assert load_vocab_file(out, d.vocab_hash, doc["tokenizer"]["vocab_size"], d.special_ids).ids.size == 200
+
+
+@pytest.mark.parametrize("case,match", [
+    ("tokenizer", "its target tokenizer is not the pair's target tokenizer"),
+    ("both", "give --bundle or --target-bundle, not both"),
+    ("raw", "--target-bundle generates the target source"),
+])
+def test_target_bundle_bad_input(tmp_path, tiny_models, target_only_bundle, tiny_same_bundle, capsys, case, match):
+    a, b, sp = tiny_models["tiny-bl-a"], tiny_models["tiny-bl-b"], tiny_models["tiny-sp"]
+    gen = ["--source", "target", "--prompts", "humaneval", "--max-tokens", 8, "--keep", 50]
+    args = {
+        "tokenizer": ["--target", sp, "--drafter", b, "--target-bundle", target_only_bundle, *gen],
+        "both": ["--bundle", tiny_same_bundle, "--target-bundle", target_only_bundle, *gen],
+        "raw": ["--target", a, "--drafter", b, "--target-bundle", target_only_bundle, "--source", "raw", "--data", RAW,
+                "--keep", 50],
+    }[case]
+    rc, err = _run(*args, "--out", tmp_path / "v.json", capsys=capsys)
+    assert rc == 2 and "edgespec: error:" in err and match in err and err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir())
