@@ -31,48 +31,82 @@ def io_names(path_or_model) -> dict:
             "outputs": [o.name for o in m.graph.output]}
 
 
-def weight_stats(onnx_path_or_model) -> dict:
-    """Parameter count and bytes one decode forward reads, from the graph's initializers.
+GATHER_DATA_INPUTS = {"Gather": (0,), "GatherBlockQuantized": (0, 2, 3)}   # table inputs read one row a token
 
-    An initializer consumed only as the data input of Gather ops (an embedding table) counts one row;
-    everything else counts in full (a pruned head is already K columns wide)."""
-    import onnx
+
+def stored_bytes(tensor) -> int:
+    """Bytes an initializer occupies as stored (packed int4 counts half a byte per value)."""
+    import onnx  # lazy: onnx is the [export] extra
+
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        ext = {e.key: e.value for e in tensor.external_data}
+        if "length" in ext:
+            return int(ext["length"])
+    if tensor.HasField("raw_data"):
+        return len(tensor.raw_data)
+    numel = int(np.prod([int(d) for d in tensor.dims])) if len(tensor.dims) else 1
+    if tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return (numel + 1) // 2
+    return numel * np_dtype(tensor).itemsize
+
+
+def weight_stats(onnx_path_or_model) -> dict:
+    """Parameters and the bytes one decode forward reads, for float and quantized graphs alike (the
+    manifest's graph_params and bytes_per_forward, which MBSU reads).
+
+    bytes_per_forward sums the stored size of every initializer, except that a table read only by
+    gathers (an embedding: Gather data, or GatherBlockQuantized data/scales/zero points) counts one
+    row, i.e. its size divided by the number of rows; a table read through a Transpose that only
+    Gathers consume (ORT constant-folds it into an embedding table: the tied Gather(W^T) + head of
+    builder and optimum graphs) counts one row of W^T, plus its full size when another op (the head)
+    reads it too. A pruned head is already K columns wide.
+    params counts logical weights: float tensors, MatMulNBits B as K*N, GatherBlockQuantized data by
+    its logical shape, int8 MatMulInteger weights; not scales or zero points."""
+    import onnx  # lazy: onnx is the [export] extra
 
     model = onnx_path_or_model if isinstance(onnx_path_or_model, onnx.ModelProto) else \
         onnx.load(str(onnx_path_or_model), load_external_data=False)
     graph = model.graph
     uses: dict[str, list] = {}
     for n in graph.node:
-        for idx, i in enumerate(n.input):
-            uses.setdefault(i, []).append((n.op_type, idx))
-    # An initializer read only through a Transpose that only Gathers consume (constant-folded by ORT
-    # into an embedding table) also counts one row.
+        for idx, name in enumerate(n.input):
+            uses.setdefault(name, []).append((n, idx))
     gathered_transposes = {n.input[0] for n in graph.node if n.op_type == "Transpose" and uses.get(n.output[0])
-                           and all(op == "Gather" and idx == 0 for op, idx in uses[n.output[0]])}
-    params = 0
-    bytes_fwd = 0
+                           and all(u.op_type == "Gather" and idx == 0 for u, idx in uses[n.output[0]])}
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    params = bytes_fwd = total = 0
     for t in graph.initializer:
-        numel = int(np.prod([int(d) for d in t.dims])) if len(t.dims) else 1
-        if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
-            itemsize = 0.5
-        else:
-            try:
-                itemsize = np_dtype(t).itemsize
-            except (KeyError, TypeError, ValueError):
-                itemsize = 1
-        if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) or \
-                t.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4,
-                                onnx.TensorProto.UINT4):
-            params += numel if numel > 1 else 0
+        size = stored_bytes(t)
+        total += size
         u = uses.get(t.name, [])
-        if u and len(t.dims) == 2 and all(op == "Gather" and idx == 0 for op, idx in u):
-            bytes_fwd += int(int(t.dims[1]) * itemsize)
-        elif len(t.dims) == 2 and t.name in gathered_transposes:   # the builder's tied table: Gather(W^T) + head
-            others = [x for x in u if x[0] != "Transpose"]
-            bytes_fwd += int(((numel if others else 0) + int(t.dims[0])) * itemsize)
+        gathered = bool(u) and len(t.dims) >= 1 and all(idx in GATHER_DATA_INPUTS.get(n.op_type, ()) for n, idx in u)
+        if gathered and int(t.dims[0]):
+            bytes_fwd += size // int(t.dims[0])
+        elif len(t.dims) == 2 and t.name in gathered_transposes and int(t.dims[1]):
+            others = any(n.op_type != "Transpose" for n, _ in u)
+            bytes_fwd += (size if others else 0) + size // int(t.dims[1])
         else:
-            bytes_fwd += int(numel * itemsize)
-    return {"params": int(params), "bytes_per_forward": int(bytes_fwd)}
+            bytes_fwd += size
+        params += _logical_params(t, u, floats)
+    return {"params": int(params), "bytes_per_forward": int(bytes_fwd), "initializer_bytes": int(total)}
+
+
+def _logical_params(t, uses, floats) -> int:
+    numel = int(np.prod([int(d) for d in t.dims])) if len(t.dims) else 1
+    roles = {(n.op_type, idx) for n, idx in uses}
+    if any(op == "MatMulNBits" and idx == 1 for op, idx in roles):
+        node = next(n for n, idx in uses if n.op_type == "MatMulNBits")
+        attrs = {a.name: a.i for a in node.attribute}
+        return int(attrs.get("K", 0)) * int(attrs.get("N", 0))
+    if any(idx >= 2 and op in ("MatMulNBits", "GatherBlockQuantized") for op, idx in roles):
+        return 0  # scales, zero points
+    if numel <= 1:
+        return 0
+    if t.data_type in floats or any(op == "GatherBlockQuantized" and idx == 0 for op, idx in roles):
+        return numel
+    if any(op in ("MatMulInteger", "DynamicQuantizeMatMul") and idx == 1 for op, idx in roles):
+        return numel
+    return 0
 
 
 # Ops between the LM head MatMul and the `logits` output (soft-capping, scaling, casts).

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from edgespec.errors import ExportError
 from edgespec.export import quantize as q
+from edgespec.export.graph_info import weight_stats
 from edgespec.export.quality import check_batch_invariance, quality_check
 
 CHOICES = ("none",) + q.SCHEMES + ("fp16",)
@@ -144,7 +145,7 @@ def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens
     work.mkdir()
     _unlink_shared_data(sub)
     try:
-        before = q.weight_stats(src)
+        before = weight_stats(src)
         block = "" if scheme == "int8-dynamic" else f" (block {opts['block_size']})"
         _log(progress, f"quantizing the {side} to {scheme}{block}")
         record = q.quantize_onnx(src, work / "model.onnx", scheme=scheme, **opts)
@@ -162,7 +163,7 @@ def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens
         _replace_graph(sub, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    after = q.weight_stats(src)
+    after = weight_stats(src)
     record.update({"bytes_per_forward_fp32": before["bytes_per_forward"],
                    "initializer_bytes": after["initializer_bytes"]})
     update = {"quantization": record, "bytes_per_forward": after["bytes_per_forward"], "graph_params": after["params"]}

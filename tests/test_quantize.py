@@ -14,6 +14,7 @@ from distribution import ALPHA, check_lossless  # tests/ is on sys.path (conftes
 from edgespec.cli import main
 from edgespec.errors import ExportError
 from edgespec.export import quantize as q
+from edgespec.export.graph_info import weight_stats
 from edgespec.export.bundle_writer import export_bundle
 from edgespec.export.quality import compare, held_out_ids
 from edgespec.export.quantize_bundle import make_transform
@@ -162,8 +163,28 @@ def test_embedding_quantization_counts_one_row(tiny_export_cache, tmp_path):
     dst = tmp_path / "e" / "model.onnx"
     rec = q.quantize_onnx(src, dst, "int4", embedding=True)
     assert rec["embedding_quantized"] and "GatherBlockQuantized" in rec["ops"]
-    stats = q.weight_stats(dst)
+    stats = weight_stats(dst)
     assert stats["bytes_per_forward"] == _initializer_bytes_loaded(dst) < stats["initializer_bytes"]
+
+
+def test_weight_stats_counts_a_gathered_table_one_row_worked_example():
+    """By hand: E [10, 3] only gathered reads 1 row (12 B); W [5, 3] is the head (60 B) and, through a
+    Transpose only Gathers read, an embedding of W^T rows (5 floats, 20 B); B [3, 3] is read whole
+    (36 B). Params: 30 + 15 + 9 = 54 (float tensors, logical)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.zeros(shape, np.float32), name)
+             for name, shape in (("E", (10, 3)), ("W", (5, 3)), ("B", (3, 3)))]
+    nodes = [helper.make_node("Gather", ["E", "ids"], ["e"]), helper.make_node("Transpose", ["W"], ["WT"]),
+             helper.make_node("Gather", ["WT", "ids"], ["w"]), helper.make_node("MatMul", ["e", "B"], ["h"]),
+             helper.make_node("MatMul", ["h", "W"], ["logits"])]
+    io = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, None)],
+                              [io("logits"), io("w")], inits)
+    assert weight_stats(helper.make_model(graph)) == {"params": 54, "bytes_per_forward": 12 + 60 + 20 + 36,
+                                                      "initializer_bytes": 120 + 60 + 36}
+    del graph.node[-1]                         # no head: W is read only as the transposed table
+    assert weight_stats(helper.make_model(graph))["bytes_per_forward"] == 12 + 20 + 36
 
 
 def test_quality_check_is_recorded_and_meaningful(qbundles, tiny_export_cache):
@@ -209,7 +230,7 @@ def test_external_data_in_external_data_out(tiny_models, tiny_export_cache, tmp_
     dst = tmp_path / "q" / "model.onnx"
     rec = q.quantize_onnx(src, dst, "int4")
     assert rec["external_data"] and (dst.parent / "model.onnx.data").is_file()
-    assert q.weight_stats(dst)["bytes_per_forward"] == _initializer_bytes_loaded(dst)
+    assert weight_stats(dst)["bytes_per_forward"] == _initializer_bytes_loaded(dst)
     vocab = json.loads((tiny_models["tiny-bl-a"] / "config.json").read_text())["vocab_size"]
     _close_to_float(src, dst, vocab, 0.9)
 
