@@ -7,7 +7,6 @@ import gc
 import json
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -21,6 +20,7 @@ from edgespec.export import last_logits, prune
 from edgespec.export.graph_info import io_names, weight_stats
 from edgespec.export.kept_vocab import KeptVocab
 from edgespec.export.onnx_export import CachedExport, check_inputs, ort_session, run_prefill_decode
+from edgespec.export.progress import log
 from edgespec.hashing import sha256_file
 from edgespec.models.weights import ModelSource
 from edgespec.runtime import manifest as mf
@@ -52,11 +52,6 @@ class BundleParts:
     pair: str | None
     progress: bool = True
     transform: Callable[[Path], dict | None] | None = None   # runs after the checks, before hashing
-
-
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"edgespec: {msg}", file=sys.stderr, flush=True)
 
 
 def write_bundle(root: Path, parts: BundleParts) -> dict:
@@ -190,7 +185,7 @@ def _write_vocab(root: Path, parts: BundleParts) -> dict:
 
 def _prune_drafter(root: Path, d: Side, ids: np.ndarray, index_map: np.ndarray, progress: bool) -> dict:
     """Write the drafter with its head pruned to the kept columns, and check it against the full graph."""
-    _log(progress, f"pruning the drafter head to {ids.size} of {d.info['vocab_size']} columns")
+    log(progress, f"pruning the drafter head to {ids.size} of {d.info['vocab_size']} columns")
     info = prune.prune_head(d.graph.onnx, root / "drafter", ids, index_map)
     for f in (root / "drafter").iterdir():
         if f.name.startswith("model.onnx") and f.name not in ("model.onnx", prune.DATA_NAME):
@@ -202,7 +197,7 @@ def _prune_drafter(root: Path, d: Side, ids: np.ndarray, index_map: np.ndarray, 
                                            d.info["vocab_size"])
     else:        # a graph for another EP may not run on the CPU EP here: check the constant outputs in the graph
         diff, constants_ok = None, _constants_in_graph(root / "drafter" / "model.onnx", ids, index_map)
-        _log(progress, f"pruned drafter not run: its graph is {graph.get('precision')} for {graph.get('ep')}")
+        log(progress, f"pruned drafter not run: its graph is {graph.get('precision')} for {graph.get('ep')}")
     if not constants_ok:
         raise ExportError("pruned drafter's index_map/draft_ids outputs do not match the kept vocabulary")
     if diff is not None and not diff <= PRUNED_TOL:

@@ -13,7 +13,6 @@ import errno
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -22,15 +21,11 @@ from edgespec.export import onnx_export as ox
 from edgespec.export.bundle_files import LINK_MIN_BYTES, BundleParts, Side, write_bundle
 from edgespec.export.kept_vocab import load_vocab_file, make_first_k, validate_keep
 from edgespec.export.pair_graphs import make_graphs
+from edgespec.export.progress import log
 from edgespec.export.sources import resolve
 from edgespec.paths import exports_dir
 from edgespec.runtime.manifest import is_bundle_dir
 from edgespec.runtime.vocab import tokenizer_info
-
-
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"edgespec: {msg}", file=sys.stderr, flush=True)
 
 
 def free_bytes(path: Path) -> int:
@@ -126,10 +121,10 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     if drafter is None:
-        _log(progress, f"target-only bundle written to {out} (strategies ar and ngram; target vs torch "
+        log(progress, f"target-only bundle written to {out} (strategies ar and ngram; target vs torch "
                        f"{_fmt(manifest['checks']['target_vs_torch_max_abs_diff'])})")
         return out
-    _log(progress, f"bundle written to {out} (drafter keeps {manifest['vocab']['kept']} tokens; "
+    log(progress, f"bundle written to {out} (drafter keeps {manifest['vocab']['kept']} tokens; "
                    f"pruned max |diff| {_fmt(manifest['checks']['pruned_vs_full_max_abs_diff'])}, "
                    f"target vs torch {_fmt(manifest['checks']['target_vs_torch_max_abs_diff'])})")
     return out

@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import socket
-import sys
 import tempfile
 import time
 import warnings
@@ -31,6 +30,7 @@ import numpy as np
 
 from edgespec.errors import ExportError
 from edgespec.export.graph_info import all_tensors, io_names, weight_stats
+from edgespec.export.progress import log
 from edgespec.hashing import sha256_file
 from edgespec.paths import exports_dir
 from edgespec.runtime.kv import default_feeds
@@ -291,7 +291,7 @@ def remove_stale_tmpdirs(parent: Path, prefix_re: str, progress: bool = False, s
             shutil.rmtree(d, ignore_errors=True)
         if not d.exists():
             removed.append(d)
-            _log(progress, f"removed {d}, left by an interrupted export")
+            log(progress, f"removed {d}, left by an interrupted export")
     return removed
 
 
@@ -322,11 +322,6 @@ def export_model(hf_dir: Path, source_sha256: str, name: str = "model", cache: P
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"edgespec: {msg}", file=sys.stderr, flush=True)
-
-
 def _export_into(hf_dir: Path, out: Path, name: str, source_sha256: str, progress: bool,
                  force_external: bool = False) -> None:
     import onnx
@@ -337,7 +332,7 @@ def _export_into(hf_dir: Path, out: Path, name: str, source_sha256: str, progres
     torch.set_num_threads(1)  # torch with 2 threads is pathological on these VMs (docs/facts.md)
     info = model_info(hf_dir)
     t0 = time.time()
-    _log(progress, f"exporting {name} to ONNX (fp32, {TASK}); cached for re-use")
+    log(progress, f"exporting {name} to ONNX (fp32, {TASK}); cached for re-use")
     try:
         model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
     except Exception as exc:
@@ -386,4 +381,4 @@ def _export_into(hf_dir: Path, out: Path, name: str, source_sha256: str, progres
             "check": {"input": {"seed": CHECK_SEED, "prefill": CHECK_PREFILL, "decode": CHECK_DECODE}, **check},
             "files": files}
     (out / META).write_text(json.dumps(meta, indent=2) + "\n")
-    _log(progress, f"exported {name} in {export_s:.0f} s (external data: {external}); ORT vs torch max |diff| {diff:.2e}")
+    log(progress, f"exported {name} in {export_s:.0f} s (external data: {external}); ORT vs torch max |diff| {diff:.2e}")

@@ -3,7 +3,6 @@ architectures, else optimum's (export/onnx_export.py); both cached. A quantized 
 with a transform that checks its quality against the fp32 builder graph of the same model."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -11,15 +10,11 @@ from edgespec.errors import ExportError
 from edgespec.export import builder as eb
 from edgespec.export import onnx_export as ox
 from edgespec.export.onnx_export import CachedExport
+from edgespec.export.progress import log
 from edgespec.export.quality import quality_check
 from edgespec.models.weights import ModelSource
 
 Transform = Callable[[Path], dict | None]
-
-
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"edgespec: {msg}", file=sys.stderr, flush=True)
 
 
 def make_graphs(t_src: ModelSource, d_src: ModelSource, graph: str | None, builder: dict | None,
@@ -52,7 +47,7 @@ def choose_graph(graph: str | None, t_dir: Path, d_dir: Path, progress: bool, fo
         graph = "optimum"            # the external-data test path is optimum's
     kind = graph or ("optimum" if reasons else "builder")
     why = f" ({reasons[0]})" if graph is None and reasons else ""
-    _log(progress, f"graphs: {'onnxruntime-genai model builder (fused, shared KV cache)' if kind == 'builder' else 'optimum'}"
+    log(progress, f"graphs: {'onnxruntime-genai model builder (fused, shared KV cache)' if kind == 'builder' else 'optimum'}"
                    f"{why}")
     return kind
 
@@ -73,10 +68,10 @@ def build_pair(t_src: ModelSource, d_src: ModelSource, opts: dict, cache_dir: Pa
     ref = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision="fp32", **common)
 
     def transform(root: Path) -> dict:
-        _log(progress, f"quality check: {t_prec} target vs fp32 on {quality_tokens} held-out tokens")
+        log(progress, f"quality check: {t_prec} target vs fp32 on {quality_tokens} held-out tokens")
         res = quality_check(ref.onnx, root / "target" / "model.onnx", root / "target" / "tokenizer.json",
                             n_tokens=quality_tokens)
-        _log(progress, f"quantized target: top-1 agreement {res['top1_agreement']:.3f}, mean overlap "
+        log(progress, f"quantized target: top-1 agreement {res['top1_agreement']:.3f}, mean overlap "
                        f"{res['mean_overlap']:.3f}")
         return {"target": {"quantization": {"quality": res}}, "checks": {"quantized_target_quality": res}}
 

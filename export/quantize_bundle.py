@@ -12,12 +12,12 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from edgespec.errors import ExportError
 from edgespec.export import quantize as q
 from edgespec.export.graph_info import weight_stats
+from edgespec.export.progress import log
 from edgespec.export.quality import check_batch_invariance, quality_check
 
 CHOICES = ("none",) + q.SCHEMES + ("fp16",)
@@ -121,11 +121,6 @@ def make_transform(target: str | None, drafter: str | None, block_size: int = q.
     return transform
 
 
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"edgespec: {msg}", file=sys.stderr, flush=True)
-
-
 def _unlink_shared_data(sub: Path) -> None:
     """Bundle weight files are hard links into the export cache; onnx refuses to load hard-linked
     external data ("potential hardlink attack"), so give the side its own copy before quantizing."""
@@ -147,16 +142,16 @@ def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens
     try:
         before = weight_stats(src)
         block = "" if scheme == "int8-dynamic" else f" (block {opts['block_size']})"
-        _log(progress, f"quantizing the {side} to {scheme}{block}")
+        log(progress, f"quantizing the {side} to {scheme}{block}")
         record = q.quantize_onnx(src, work / "model.onnx", scheme=scheme, **opts)
         gc.collect()
         if quality_tokens:
-            _log(progress, f"quality check: {scheme} {side} vs fp32 on {quality_tokens} held-out tokens")
+            log(progress, f"quality check: {scheme} {side} vs fp32 on {quality_tokens} held-out tokens")
             res = quality_check(src, work / "model.onnx", sub / "tokenizer.json", n_tokens=quality_tokens)
             record["quality"] = res
             level = "" if res["verdict"] == "ok" else " -- DEGRADED: below the acceptability threshold " \
                                                       f"{res['threshold']}"
-            _log(progress, f"quantized {side}: top-1 agreement {res['top1_agreement']:.3f}, "
+            log(progress, f"quantized {side}: top-1 agreement {res['top1_agreement']:.3f}, "
                            f"mean overlap {res['mean_overlap']:.3f}{level}")
         if side == "target":
             record["batch_invariance"] = check_batch_invariance(work / "model.onnx", sub / "tokenizer.json", progress)
