@@ -91,7 +91,7 @@ def start_llama(args) -> Proc:
     cmd = [args.llama_server, "-m", args.gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads or 2),
            "-np", "1", "-c", "4096", "--alias", "m"]
     url = f"http://127.0.0.1:{port}"
-    proc = Proc(cmd, lambda line: url if "server is listening" in line or "HTTP server listening" in line else None)
+    proc = Proc(cmd, lambda line: url if "listening on http" in line or "server is listening" in line else None)
     return proc
 
 
