@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgespec.calibrate.sparse_rows import by_row, row_pointers, top_k_per_row
 from edgespec.errors import CalibrationError
 from edgespec.runtime.slrs import MAX_KEY_BYTES, key_index, longest_prefix_ids, text_keys
 
@@ -62,10 +63,8 @@ class TokenStructure:
 
 
 def _rows_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n_rows: int):
-    order = np.lexsort((cols, rows))
-    rows, cols, vals = rows[order], cols[order], vals[order]
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n_rows))]).astype(np.int64)
-    return vals, cols, indptr
+    rows, cols, vals = by_row(rows, cols, vals)
+    return vals, cols, row_pointers(rows, n_rows)
 
 
 def first_or_exact(structure: TokenStructure, index_map: np.ndarray | None) -> np.ndarray:
@@ -106,10 +105,7 @@ def prefix_csr(structure: TokenStructure, prior: np.ndarray, k: int, index_map: 
     is_first = np.zeros(rows.size, dtype=bool)
     is_first[np.searchsorted(keys, has_first * prior.size + first[has_first])] = True
     weight = prior[cols].astype(np.float64) + 1e-30
-    order = np.lexsort((-(weight + 2.0 * is_first), rows))              # per row: first(d), then by prior
-    rows, cols, weight = rows[order], cols[order], weight[order]
-    start = np.searchsorted(rows, rows, side="left")
-    sel = (np.arange(rows.size) - start) < k
+    sel = top_k_per_row(rows, cols, weight + 2.0 * is_first, k)         # per row: first(d), then by prior
     rows, cols, weight = rows[sel], cols[sel], weight[sel]
     weight = weight / np.bincount(rows, weights=weight, minlength=n_d)[rows]
     return _rows_csr(rows, cols, weight, n_d)

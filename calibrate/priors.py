@@ -22,6 +22,7 @@ import numpy as np
 
 from edgespec.calibrate.output import save_npz
 from edgespec.calibrate.prefix_affinity import StructuralEstimator
+from edgespec.calibrate.sparse_rows import by_row, row_pointers, top_k_per_row
 from edgespec.errors import CalibrationError
 from edgespec.runtime.rdk import Affinity, rdk_distribution, rdk_taylor_distribution
 
@@ -105,20 +106,14 @@ def csr_top_k(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n_rows: int,
     sum), and return CSR (data, indices, indptr) with columns ascending within a row."""
     keep = vals > 0 if transform is None else np.isfinite(vals)
     rows, cols, vals = rows[keep], cols[keep], vals[keep]
-    order = np.lexsort((cols, -vals, rows))
-    rows, cols, vals = rows[order], cols[order], vals[order]
-    start = np.searchsorted(rows, rows, side="left")
-    sel = (np.arange(rows.size) - start) < k
-    rows, cols, vals = rows[sel], cols[sel], vals[sel]
-    order = np.lexsort((cols, rows))
-    rows, cols, vals = rows[order], cols[order], vals[order]
+    sel = top_k_per_row(rows, cols, vals, k)
+    rows, cols, vals = by_row(rows[sel], cols[sel], vals[sel])
     if transform is None:
         sums = np.bincount(rows, weights=vals, minlength=n_rows)
         vals = vals / sums[rows]
     else:
         vals = transform(vals, rows)
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n_rows))]).astype(np.int64)
-    return vals, cols, indptr
+    return vals, cols, row_pointers(rows, n_rows)
 
 
 def with_identity_fallback(data, indices, indptr, index_map: np.ndarray):
