@@ -30,6 +30,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
+from edgespec.calibrate.jsonl import jsonl_records
 from edgespec.errors import CalibrationError
 from edgespec.hashing import sha256_file
 from edgespec.runtime.reencode import ByteEncoder, continuation_tokenizer
@@ -169,13 +170,7 @@ def iter_file_documents(path: Path, jsonl_field: str = "text") -> Iterator[Any]:
         if not is_jsonl(path):
             yield chunk_lines(stream)
             return
-        for lineno, line in enumerate(stream, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                raise CalibrationError(f"{path}:{lineno}: not valid JSON") from None
+        for lineno, rec in jsonl_records(stream, path):
             value = rec.get(jsonl_field) if isinstance(rec, dict) else None
             if isinstance(value, str):
                 yield [value]

@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgespec.calibrate.jsonl import jsonl_records
 from edgespec.errors import CalibrationError
 
 SPLITS = ("calib", "test", "all")
@@ -83,13 +84,7 @@ def read_prompt_file(path: str | Path) -> list[Prompt]:
     out: list[Prompt] = []
     try:
         with _open_text(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError as exc:
-                    raise CalibrationError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+            for lineno, rec in jsonl_records(f, path):
                 out.append(_record_prompt(rec, lineno, path))
     except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise CalibrationError(f"cannot read prompt file {path}: {exc}") from None
