@@ -35,6 +35,7 @@ from tokenizers import __version__ as tokenizers_version
 from edgespec.errors import BundleError, GenerationError
 from edgespec.hashing import DigestMemory
 from edgespec.runtime.manifest import SIDES, check_io, check_required_files, is_target_only, read_manifest, shown
+from edgespec.runtime.rdk import Affinity
 from edgespec.runtime.vocab import vocab_hash
 
 FAST_HASH_LIMIT = 64 * 1024**2
@@ -44,27 +45,6 @@ VERIFY_MODES = ("full", "fast", "none")
 # SentencePiece BPE vocabulary, which tokenizes differently from the model's own tokenizer
 # (" the" -> "▁t he"). Those are refused; this is the first version with the fix.
 TOKENIZER_FIXED_IN = "0.1.1"
-
-
-@dataclass
-class CSR:
-    """A sparse matrix as plain CSR arrays (no scipy in the runtime)."""
-    data: np.ndarray
-    indices: np.ndarray
-    indptr: np.ndarray
-    shape: tuple[int, int]
-
-    def row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """(column indices, values) of row i."""
-        a, b = int(self.indptr[i]), int(self.indptr[i + 1])
-        return self.indices[a:b], self.data[a:b]
-
-    def to_dense(self) -> np.ndarray:
-        out = np.zeros(self.shape, dtype=self.data.dtype)
-        for i in range(self.shape[0]):
-            cols, vals = self.row(i)
-            out[i, cols] = vals
-        return out
 
 
 @dataclass
@@ -110,7 +90,7 @@ class Bundle:
     target_to_drafter: np.ndarray    # int64 [V_t]
     vocab: dict                      # the kept-vocabulary document (vocab/vocab.json)
     prior: np.ndarray | None = None          # float32 [V_t]
-    affinity: CSR | None = None              # M
+    affinity: Affinity | None = None         # M (rdk.py)
     affinity_info: dict | None = None
     randomised: dict | None = None           # {"a_star": ..., "lambda": ...}
 
@@ -415,7 +395,7 @@ def _load_json(root: Path, path: Path):
         raise BundleError(f"bundle {root}: {path.relative_to(root)} is unreadable ({_why(exc)})") from exc
 
 
-def _load_csr(root: Path, path: Path) -> CSR:
+def _load_csr(root: Path, path: Path) -> Affinity:
     rel = path.relative_to(root)
     if not path.is_file():
         raise BundleError(f"bundle {root}: missing file {rel}")
@@ -427,14 +407,7 @@ def _load_csr(root: Path, path: Path) -> CSR:
             data, indices, indptr, shape = z["data"], z["indices"], z["indptr"], z["shape"]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise BundleError(f"bundle {root}: {rel} is not a CSR .npz ({_why(exc)})") from exc
-    ok = (shape.shape == (2,) and shape.dtype.kind in "iu" and (shape >= 0).all() and data.ndim == 1
-          and indices.ndim == 1 and indices.dtype.kind in "iu" and indptr.dtype.kind in "iu" and data.dtype.kind == "f")
-    if ok:
-        shape = (int(shape[0]), int(shape[1]))
-        ok = (indptr.shape == (shape[0] + 1,) and indices.shape == data.shape and int(indptr[0]) == 0
-              and int(indptr[-1]) == data.size and bool((np.diff(indptr) >= 0).all())
-              and (not indices.size or (int(indices.min()) >= 0 and int(indices.max()) < shape[1]))
-              and bool(np.isfinite(data).all()))
-    if not ok:
-        raise BundleError(f"bundle {root}: {rel} has inconsistent CSR arrays")
-    return CSR(data=data, indices=indices, indptr=indptr.astype(np.int64, copy=False), shape=shape)
+    try:
+        return Affinity.from_csr(data, indices, indptr, shape)
+    except BundleError as exc:
+        raise BundleError(f"bundle {root}: {rel}: {exc}") from None

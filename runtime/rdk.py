@@ -153,11 +153,16 @@ class Affinity:
 
     @classmethod
     def from_csr(cls, data, indices, indptr, shape, row_sum_tol: float = 1e-3) -> "Affinity":
-        """Validate the CSR arrays (as stored in affinity.npz) and build the padded form."""
-        data = np.asarray(data, dtype=np.float64)
-        indices = np.asarray(indices).astype(np.intp, copy=False)
-        indptr = np.asarray(indptr).astype(np.int64, copy=False)
-        k, v = (int(s) for s in np.asarray(shape).reshape(-1)[:2])
+        """Validate the CSR arrays (as stored in affinity.npz: the one check, for the bundle loader and
+        the calibrator alike) and build the padded form."""
+        data, indices, indptr, shape = (np.asarray(a) for a in (data, indices, indptr, shape))
+        if not (shape.shape == (2,) and shape.dtype.kind in "iu" and (shape >= 0).all() and data.ndim == 1
+                and data.dtype.kind == "f" and indices.dtype.kind in "iu" and indptr.dtype.kind in "iu"):
+            raise BundleError("affinity M: inconsistent CSR arrays (data/indices/indptr/shape)")
+        data = data.astype(np.float64, copy=False)
+        indices = indices.astype(np.intp, copy=False)
+        indptr = indptr.astype(np.int64, copy=False)
+        k, v = int(shape[0]), int(shape[1])
         lengths = np.diff(indptr) if indptr.ndim == 1 and indptr.size == k + 1 else None
         if (lengths is None or indptr[0] != 0 or indptr[-1] != data.shape[0]
                 or indices.shape != data.shape or np.any(lengths < 0)):
@@ -305,8 +310,7 @@ def prepare_taylor(bundle, options) -> _RdkState:
 def prepare_rdk(bundle, options) -> _RdkState:
     options = options or {}
     cols = kept_columns(bundle, options)
-    a = bundle.affinity
-    m = Affinity.from_csr(a.data, a.indices, a.indptr, a.shape)
+    m = bundle.affinity                 # checked when the bundle was loaded (Affinity.from_csr)
     if m.shape != (cols.index_map.shape[0], cols.target_vocab):
         raise BundleError(f"affinity M has shape {m.shape}, expected (kept columns, target vocabulary) = "
                           f"({cols.index_map.shape[0]}, {cols.target_vocab})")

@@ -141,12 +141,17 @@ def test_runtime_imports_no_torch():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_csr_helper():
-    csr = B.CSR(data=np.array([1.0, 2.0, 3.0], np.float32), indices=np.array([0, 2, 1]), indptr=np.array([0, 2, 3]),
-                shape=(2, 3))
-    assert csr.to_dense().tolist() == [[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]
-    cols, vals = csr.row(1)
-    assert cols.tolist() == [1] and vals.tolist() == [3.0]
+def test_affinity_csr_is_checked_once_and_padded():
+    from edgespec.runtime.rdk import Affinity
+    m = Affinity.from_csr(np.array([0.25, 0.75, 1.0], np.float32), np.array([0, 2, 1]), np.array([0, 2, 3]), (2, 3))
+    assert m.padded_data.tolist() == [[0.25, 0.75], [1.0, 0.0]] and m.padded_indices.tolist() == [[0, 2], [1, 0]]
+    for bad in (dict(indices=np.array([0.0, 2.0, 1.0])),                 # float column ids
+                dict(data=np.array([0.5, 0.75, 1.0])),                   # row 0 sums to 1.25
+                dict(indptr=np.array([0, 3, 2]))):                       # decreasing pointers
+        args = dict(data=np.array([0.25, 0.75, 1.0]), indices=np.array([0, 2, 1]), indptr=np.array([0, 2, 3]),
+                    shape=(2, 3))
+        with pytest.raises(BundleError, match="affinity M"):
+            Affinity.from_csr(**{**args, **bad})
 
 
 def test_full_verify_remembers_digests_of_unchanged_files(tiny_same_bundle, copy_bundle, monkeypatch, tmp_path):

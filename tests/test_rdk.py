@@ -180,7 +180,6 @@ def test_affinity_validation():
 from distribution import ALPHA, check_lossless  # noqa: E402  (tests/ is on sys.path)
 from edgespec.errors import GenerationError  # noqa: E402
 from edgespec.runtime import Bundle, SpeculativeDecoder  # noqa: E402
-from edgespec.runtime.bundle import CSR  # noqa: E402
 
 PROMPTS = ["def quicksort(items):", "The quick brown fox"]
 
@@ -194,8 +193,8 @@ def bundle_with_priors(path, seed=0, extra=3):
     b.prior = rng.dirichlet(np.ones(v)).astype(np.float32)
     cols = [[int(t)] * int(t >= 0) + list(rng.choice(v, extra, replace=False)) for t in b.index_map]
     data = np.concatenate([rng.dirichlet(np.ones(len(c))) for c in cols]).astype(np.float32)
-    b.affinity = CSR(data, np.concatenate(cols).astype(np.int32),
-                     np.concatenate([[0], np.cumsum([len(c) for c in cols])]).astype(np.int64), (k, v))
+    b.affinity = Affinity.from_csr(data, np.concatenate(cols).astype(np.int32),
+                                   np.concatenate([[0], np.cumsum([len(c) for c in cols])]).astype(np.int64), (k, v))
     return b
 
 
