@@ -19,8 +19,9 @@ default for the CPU EP is therefore 4.
 
 Refusals (ExportError, one line): a model that is already quantized, a block size that a quantized
 dimension does not divide (naming the dimension), and a scheme whose kernels the chosen EP lacks
-(from ORT 1.31's kernel registry, docs/OperatorKernels.md; onnxruntime-gpu's own registry query
-segfaults on machines without CUDA, so it is a table here).
+(from ORT 1.31's kernel registry: onnxruntime's docs/OperatorKernels.md, in the onnxruntime repository,
+not this one; onnxruntime-gpu's own registry query segfaults on machines without CUDA, so it is a
+table here).
 
 Memory: the source graph is loaded whole (ORT's quantizer works on an in-memory ModelProto), so the
 peak is about twice the fp32 weights (1.4 GB for SmolLM2, ~14 GB for Qwen2.5-1.5B). Graphs over
@@ -51,7 +52,7 @@ QUANT_OPS = {"MatMulNBits", "GatherBlockQuantized", "DynamicQuantizeLinear", "Ma
              "MatMulFpQ4", "MatMulBnb4", "QGemm", "QAttention", "QLinearMatMul", "QLinearConv",
              "QLinearAdd", "QLinearMul", "QOrderedMatMul"}
 
-# The quantized-graph kernels each EP registers in ORT 1.31 (docs/OperatorKernels.md). CUDA's
+# The quantized-graph kernels each EP registers in ORT 1.31 (onnxruntime's docs/OperatorKernels.md). CUDA's
 # MatMulInteger takes int8 activations only and it has no DynamicQuantizeLinear, so int8-dynamic
 # graphs do not run there. Compiling EPs (TensorRT, QNN, OpenVINO, CoreML, ...) register no kernels
 # for these com.microsoft ops: the nodes would silently fall back to CPU.

@@ -61,8 +61,9 @@ Profiler hooks
 - `accepted_per_step`: accepted drafts of each verify forward (in order); `drafted_per_step` likewise.
 - `gamma_per_step`: the draft length chosen for each round (draft_length="auto": the governor's choice;
   a round may draft fewer: randomised coins, a confidence stop, a short n-gram match).
-- `fallback_ms`: target time of the rounds a speculative strategy ran with gamma = 0 (plain decoding:
-  the governor's fallback, the end of the budget, or no room in the drafter's context).
+- `fallback_ms`: wall time of the whole rounds (verify forward, sampling, bookkeeping) that a
+  speculative strategy ran with gamma = 0 (plain decoding: the governor's fallback, the end of the
+  token budget, no room in the drafter's context, or nothing yet for the drafter to read).
 - `zero_accept_share` (derived): share of drafting rounds that kept no draft.
 - `acceptance_by_position` (derived): per draft position j, P(accepted | reached), reached = drafts
   before j all accepted and a draft j proposed.
