@@ -34,8 +34,7 @@ def main(argv=None) -> int:
 
     bundle = Bundle.load(args.bundle, verify="fast")
     warm = SpeculativeDecoder(bundle, threads=args.threads)
-    cold = warm.variant()
-    cold.prefix_reuse = False
+    cold = warm.variant(prefix_reuse=False)
     cats = set(args.categories.split(","))
     rows = []
     for p in [q for q in load_prompts(args.prompts, "all") if q.category in cats]:

@@ -21,7 +21,6 @@ it created in REPORT (the directory too, if this run made it).
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import sys
@@ -228,15 +227,9 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
 
 
 def _variant(base, name: str, opts: dict, gamma):
-    """base.variant(...); draft_confidence is a constructor keyword that variant() does not take, so a row
-    with its own is made from a copy of base that carries it (same sessions; the variant checks it)."""
-    opts = dict(opts)
-    confidence = opts.pop("draft_confidence", None)
-    src = base
-    if confidence != base.draft_confidence:
-        src = copy.copy(base)
-        src.draft_confidence = confidence
-    return src.variant(strategy=name, draft_length=_decoder_length(gamma), **opts)
+    """base.variant(...) with the row's options (a row without draft_confidence has none)."""
+    opts = {"draft_confidence": None, **opts}
+    return base.variant(strategy=name, draft_length=_decoder_length(gamma), **opts)
 
 
 # --------------------------------------------------------------------------- measuring

@@ -43,7 +43,7 @@ def check_draft_length(k) -> None:
         raise GenerationError(f"draft_length must be an integer in [1, {MAX_DRAFT_LENGTH}] or 'auto', got {k!r}")
 
 
-def _check_options(options: dict) -> dict:
+def check_strategy_options(options: dict) -> dict:
     """Strategy options must be ones some strategy reads (a misspelt name is an error, not a no-op)."""
     known = {name for s in STRATEGIES.values() for name in s.options}
     for key in options:

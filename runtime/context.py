@@ -132,7 +132,52 @@ class HeteroContext:
 
 
 def drafter_context(bundle):
+    """The decoder's text context (token tables built once); each generation wraps it in a DrafterContext."""
     return SameContext(bundle) if bundle.same_tokenizer else HeteroContext(bundle)
+
+
+class DrafterContext:
+    """The drafter's side of one generation: `text` (the committed text in drafter tokens, a SameContext
+    or HeteroContext), the `window` of it that its KV holds, and its KV `runner`. Drafting appends to
+    `ids`; after each round `sync` makes them the committed text again and crops the KV to what still
+    matches: the one place the drafter is resynchronised with the target."""
+
+    def __init__(self, text, runner, window: "DrafterWindow"):
+        self.text, self.runner, self.window = text, runner, window
+
+    @property
+    def ids(self) -> list[int]:
+        return self.text.ids
+
+    def draft(self, target_id: int) -> None:
+        """A drafted target id enters the context (as the drafter tokens standing for it)."""
+        self.ids.extend(self.text.feed_ids(target_id))
+
+    def inputs(self) -> list[int]:
+        """The drafter tokens its KV lacks within its window (DrafterWindow.inputs)."""
+        return self.window.inputs(self.ids, self.runner)
+
+    def room(self) -> int:
+        """KV positions the window would hold after feeding the whole context."""
+        return self.window.room(len(self.ids))
+
+    def sync(self, keep: int, committed: list[int]) -> None:
+        """ids[:keep] is committed text; `committed` (target ids) follows it. Cut the context back to
+        keep, append `committed` in drafter tokens, and keep the drafter KV that the new context still
+        matches (a re-tokenisation may change earlier drafter tokens: HeteroContext.append_target)."""
+        ids = self.ids
+        fed = ids[keep:self.window.covered(self.runner.length)]     # tokens already in the drafter's KV
+        del ids[keep:]
+        valid = keep
+        for tok in committed:
+            valid = min(valid, self.text.append_target(tok))
+        ids = self.ids
+        if valid == keep:
+            same = 0
+            while same < len(fed) and keep + same < len(ids) and ids[keep + same] == fed[same]:
+                same += 1
+            valid += same
+        self.window.keep_valid(valid, self.runner)
 
 
 REFILL_FRACTION = 4       # a refill keeps the last size // 4 positions

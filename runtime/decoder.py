@@ -15,10 +15,10 @@ arrays and, for randomised drafting with concurrent_draft=True, one worker threa
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -26,15 +26,15 @@ import numpy as np
 
 from edgespec.errors import BundleError, GenerationError
 from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.checks import (DEFAULT_DRAFTER_WINDOW, _check_options, check_draft_length, check_drafter_window,
-                                     check_generation_args, check_plain_steps)
+from edgespec.runtime.checks import DEFAULT_DRAFTER_WINDOW, check_generation_args
+from edgespec.runtime.config import DecodeConfig
 from edgespec.runtime.chat import as_messages, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.governor import Governor
 from edgespec.runtime.kv import ModelRunner
 from edgespec.runtime.prefix import PrefixCache
-from edgespec.runtime.randomised import SideRunner
-from edgespec.runtime.rounds import Generation, draft_tokens
+from edgespec.runtime.randomised import SideRunner, draft_randomised
+from edgespec.runtime.rounds import Generation
 from edgespec.runtime.sampling import make_rng
 from edgespec.runtime.sessions import check_threads, create_session
 from edgespec.runtime.stats import GenerationStats
@@ -58,38 +58,34 @@ class SpeculativeDecoder:
                  concurrent_draft: bool = True, max_draft_length: int = 8, draft_confidence: float | None = None,
                  drafter_window: int | None = DEFAULT_DRAFTER_WINDOW, plain_steps: str = "exact",
                  prefix_reuse: bool = True, **strategy_options):
-        strat = get_strategy(strategy)
-        check_draft_length(draft_length)       # argument checks first: loading and sessions take seconds
-        check_draft_length(max_draft_length)
-        self.plain_steps = check_plain_steps(plain_steps)
-        check_drafter_window(drafter_window)
-        if not isinstance(prefix_reuse, (bool, np.bool_)):
-            raise GenerationError(f"prefix_reuse must be True or False, got {prefix_reuse!r}")
-        self.prefix_reuse = bool(prefix_reuse)
+        # every setting is checked here, first: loading and sessions take seconds
+        config = DecodeConfig(get_strategy(strategy), draft_length, max_draft_length, draft_probability,
+                              draft_confidence, concurrent_draft, drafter_window, plain_steps, prefix_reuse,
+                              strategy_options)
         check_threads(threads)
         check_threads(draft_threads, "draft_threads")
-        _check_options(strategy_options)
         if not isinstance(bundle, Bundle):
             bundle = Bundle.load(bundle)
         self.bundle = bundle
-        if not bundle.has_drafter:
-            if strat.name == "auto":
-                strat = get_strategy("ngram")       # the one speculation a target-only bundle can do
-            elif strat.uses_drafter:
-                raise GenerationError(f"bundle {bundle.path} has no drafter: strategy {strat.name!r} needs one; use "
-                                      "strategy 'ngram' (prompt lookup) or 'ar', or export a pair")
+        strat = config.strategy
+        if not bundle.has_drafter and strat.name == "auto":
+            config = replace(config, strategy=get_strategy("ngram"))   # the one speculation a target-only bundle can do
+        elif not bundle.has_drafter and strat.uses_drafter:
+            raise GenerationError(f"bundle {bundle.path} has no drafter: strategy {strat.name!r} needs one; use "
+                                  "strategy 'ngram' (prompt lookup) or 'ar', or export a pair")
+        uses_drafter = config.strategy.uses_drafter
         tinfo = bundle.target.info
         # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
         sess, self.target_session_info = create_session(bundle.target.onnx, ep, threads, allow_fallback, "target",
-                                                        stop_spinning=strat.uses_drafter)
+                                                        stop_spinning=uses_drafter)
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
         self.drafter = None
         self.drafter_session_info = None
-        self.ctx = None
-        if strat.uses_drafter:
-            if strat.check:      # refuse before paying for the drafter session
-                strat.check(bundle, dict(strategy_options))
+        self.text_context = None
+        if uses_drafter:
+            if config.strategy.check:      # refuse before paying for the drafter session
+                config.strategy.check(bundle, dict(config.options))
             dinfo = bundle.drafter.info
             sess, self.drafter_session_info = create_session(
                 bundle.drafter.onnx, ep if draft_ep is None else draft_ep,
@@ -97,58 +93,38 @@ class SpeculativeDecoder:
             self.drafter = ModelRunner(sess, "drafter", int(dinfo.get("max_position") or 0) or None, exact=False)
             self._check_runner(self.drafter, dinfo, bundle.kept, "drafter")
             self._check_constant_outputs()
-            self.ctx = drafter_context(bundle)          # token tables: built once per decoder
-        self.drafter_window = self._clamp_window(drafter_window, max_draft_length)
+            self.text_context = drafter_context(bundle)          # token tables: built once per decoder
         self.eos_ids = frozenset(bundle.target.eos_ids)
         self._shared = _Shared()
-        self.max_draft_length, self.draft_confidence = max_draft_length, draft_confidence
-        self._configure(strat, draft_length, draft_probability, concurrent_draft, strategy_options)
+        self._configure(config)
 
-    def _clamp_window(self, window: int | None, max_draft_length: int) -> int | None:
-        """The drafter window, at most what the drafter's context holds with a full draft (said once)."""
-        limit = self.drafter.max_position if self.drafter is not None else None
-        if window is None or not limit:
-            return window
-        room = max(2, limit - max_draft_length - 2)
-        if window > room:
-            warnings.warn(f"drafter_window {window} exceeds the drafter's context ({limit} positions, "
-                          f"{max_draft_length} drafts): using {room}", stacklevel=3)
-            return room
-        return int(window)
-
-    def _configure(self, strat, draft_length, draft_probability, concurrent_draft, options) -> None:
-        """Per-strategy settings (everything that is not a session)."""
-        check_draft_length(draft_length)
-        if not isinstance(concurrent_draft, (bool, np.bool_)):
-            raise GenerationError(f"concurrent_draft must be True or False, got {concurrent_draft!r}")
-        c = self.draft_confidence
-        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c < 1.0):
-            raise GenerationError(f"draft_confidence must be in (0, 1) or None, got {c!r}")
+    def _configure(self, config: DecodeConfig) -> None:
+        """Take a checked config on this decoder's sessions: what needs the bundle, the strategy's
+        precomputed tables, the governor and the per-round arrays."""
+        strat = config.strategy
         if strat.uses_drafter and not self.bundle.has_drafter:
             raise GenerationError(f"bundle {self.bundle.path} has no drafter: strategy {strat.name!r} needs one; "
                                   "use strategy 'ngram' (prompt lookup) or 'ar'")
         if strat.uses_drafter and self.drafter is None:
             raise GenerationError(f"strategy {strat.name!r} needs a drafter session; this decoder was created "
                                   "with 'ar' and has none")
-        self.strategy = strat
-        self.draft_length_setting = draft_length
-        gamma = self.max_draft_length if draft_length == "auto" else int(draft_length)
-        self.draft_length = gamma if strat.speculative else 0
-        self.governor = Governor(gamma) if draft_length == "auto" and strat.speculative else None
-        self.source_governors: dict[str, Governor] = {}     # per proposer (Strategy.source), made on first use
-        self._auto: dict = {}                  # strategy="auto": the strategy chosen per sampling mode
-        self.draft_probability = self._check_draft_probability(draft_probability)
-        self.concurrent_draft = bool(concurrent_draft)
-        self.options = _check_options(options)
+        self.config = config = config.resolved(self.bundle, self.drafter.max_position if self.drafter else None)
         if strat.check:
-            strat.check(self.bundle, self.options)
-        self.state = strat.prepare(self.bundle, self.options)
-        v, g = self.bundle.target.vocab_size, self.draft_length
-        self.q_rows = np.zeros((g + 1, v), dtype=np.float64)   # draft distributions of one round
-        self.p_rows = np.zeros((g + 1, v), dtype=np.float64)   # target distributions of one round
-        self.work = np.zeros((2, v), dtype=np.float64)         # residual + CDF scratch (verify, draws)
+            strat.check(self.bundle, dict(config.options))
+        self.prepared = strat.prepare(self.bundle, dict(config.options))
+        self.governor = Governor(config.gamma) if config.auto_length else None
+        self.source_governors: dict[str, Governor] = {}     # per proposer (Strategy.source), made on first use
+        self._auto: dict = {}                  # strategy="auto": the decoder chosen per sampling mode
+        v, g = self.bundle.target.vocab_size, config.gamma
+        self.scratch = (np.zeros((g + 1, v), dtype=np.float64),    # draft distributions of one round
+                        np.zeros((g + 1, v), dtype=np.float64),    # target distributions of one round
+                        np.zeros((2, v), dtype=np.float64))        # residual + CDF scratch (verify, draws)
         self.last_result: GenerationResult | None = None
         self._last_generation: Generation | None = None
+
+    @property
+    def strategy(self):
+        return self.config.strategy
 
     def governor_for(self, source: str | None) -> Governor | None:
         """The draft-length governor of a round from `source` (None: the strategy's only proposer)."""
@@ -158,30 +134,27 @@ class SpeculativeDecoder:
             self.source_governors[source] = Governor(self.governor.gamma_max)
         return self.source_governors[source]
 
-    def variant(self, strategy: str | None = None, draft_length: int | None = None,
-                draft_probability: float | str | None = None, concurrent_draft: bool | None = None,
-                plain_steps: str | None = None, drafter_window: int | None | str = "same",
-                **strategy_options) -> "SpeculativeDecoder":
-        """Another strategy / draft length on the SAME sessions, KV runners and token tables (no new
-        session; only the per-round scratch arrays are new). Generations of a decoder and its variants must not interleave: a
-        newer call supersedes an unfinished stream of any of them."""
-        new = copy.copy(self)
-        new.last_result = None
-        if plain_steps is not None:
-            new.plain_steps = check_plain_steps(plain_steps)
-        if drafter_window != "same":
-            check_drafter_window(drafter_window)
-            new.drafter_window = new._clamp_window(drafter_window, new.max_draft_length)
+    def variant(self, strategy: str | None = None, draft_length: int | str | None = None,
+                draft_probability: float | str | None = None, **changes) -> "SpeculativeDecoder":
+        """Another strategy / draft length / decoder setting on the SAME sessions, KV runners and token
+        tables: `dataclasses.replace` of this decoder's config (`changes`: any other DecodeConfig field;
+        any other keyword is a strategy option, and strategy options replace this decoder's).
+        draft_probability is not inherited; draft_length is, for a speculative strategy. Generations of
+        a decoder and its variants must not interleave: a newer call supersedes an unfinished stream of
+        any of them."""
+        fields = {f.name for f in dataclasses.fields(DecodeConfig)} - {"strategy", "options"}
+        options = {k: changes.pop(k) for k in list(changes) if k not in fields}
         strat = get_strategy(strategy) if strategy is not None else self.strategy
         if strat.name == "auto" and not self.bundle.has_drafter:
             strat = get_strategy("ngram")
         if draft_length is None:
-            draft_length = self.draft_length_setting if strat.speculative else 1
-        new._configure(strat, draft_length,
-                       draft_probability, self.concurrent_draft if concurrent_draft is None else concurrent_draft,
-                       strategy_options)
+            draft_length = self.config.draft_length if strat.speculative else 1
+        config = replace(self.config, strategy=strat, draft_length=draft_length, draft_probability=draft_probability,
+                         options=options, **changes)
+        new = copy.copy(self)
+        new._configure(config)
         if not strat.uses_drafter:
-            new.drafter, new.drafter_session_info, new.ctx = None, None, None
+            new.drafter, new.drafter_session_info, new.text_context = None, None, None
         return new
 
     # ------------------------------------------------------------------ resources
@@ -217,24 +190,10 @@ class SpeculativeDecoder:
         """This decoder, or for strategy="auto" the variant it stands for in this sampling mode."""
         if self.strategy.name != "auto":
             return self
-        name = choose_auto(self.bundle, greedy, randomised=self.draft_probability is not None)
+        name = choose_auto(self.bundle, greedy, randomised=self.config.draft_probability is not None)
         if name not in self._auto:
-            self._auto[name] = self.variant(name, draft_probability=self.draft_probability, **self.options)
+            self._auto[name] = self.variant(name, draft_probability=self.config.draft_probability, **self.config.options)
         return self._auto[name]
-
-    def _check_draft_probability(self, a):
-        if a is None:
-            return None
-        if a == "auto":
-            a = self.bundle.a_star
-            if a is None:
-                raise GenerationError("draft_probability='auto' needs a calibrated a* in the bundle (vocab/randomised.json)")
-        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 < float(a) <= 1.0:
-            raise GenerationError(f"draft_probability must be in (0, 1] or 'auto', got {a!r}")
-        if self.strategy.name != "auto" and (not self.strategy.uses_drafter or self.strategy.propose is not draft_tokens):
-            raise GenerationError(f"draft_probability needs a token-level drafting strategy (tli, sd, rdk-taylor, rdk), "
-                                  f"not {self.strategy.name!r}")
-        return float(a)
 
     def _check_runner(self, runner: ModelRunner, info: dict, width: int, role: str) -> None:
         if isinstance(runner.vocab, int) and runner.vocab != width:
@@ -335,7 +294,9 @@ class SpeculativeDecoder:
                                   f"target's context length {limit}")
         dec = self._resolved(params.greedy)
         self._shared.generation += 1
-        gen = Generation(dec, prompt_ids, params, make_rng(seed), int(max_new_tokens), self._shared.generation)
+        randomised = dec.config.draft_probability is not None and not params.greedy
+        gen = Generation(dec, prompt_ids, params, make_rng(seed), int(max_new_tokens), self._shared.generation,
+                         propose=draft_randomised if randomised else None)
         self._last_generation = gen          # for debugging and the profiler
         gen.stats.fallbacks = [i.fallback for i in (self.target_session_info, self.drafter_session_info)
                                if i is not None and i.fallback]
@@ -348,7 +309,7 @@ class SpeculativeDecoder:
             new = gen.prefill()
             gen.stats.ttft_ms = (time.perf_counter() - t_start) * 1e3
             while True:
-                reason = gen.commit(new)
+                reason = gen.append(new)
                 if incremental or stops or reason is not None:
                     reason = text_state.update(gen.generated, reason) or reason
                 if text_state.stopped_at is not None:
@@ -369,11 +330,12 @@ class SpeculativeDecoder:
             st.stop_reason = reason or "interrupted"
             if dec.governor is not None and st.gamma_per_step:
                 st.draft_length = float(np.mean(st.gamma_per_step))
-            st.drafter_resyncs = gen.ctx.resyncs if gen.ctx is not None else 0
-            st.draft_refills = gen.window.refills if gen.window is not None else 0
-            if finished and self.prefix_reuse and gen.id == self._shared.generation:
+            dc = gen.drafter_ctx
+            st.drafter_resyncs = dc.text.resyncs if dc is not None else 0
+            st.draft_refills = dc.window.refills if dc is not None else 0
+            if finished and dec.config.prefix_reuse and gen.id == self._shared.generation:
                 kv_ids = (kv_ids or prompt_ids + gen.generated)[:gen.target.length]
-                self._shared.prefix.remember(kv_ids, gen.ctx.ids if gen.ctx else None, gen.window)
+                self._shared.prefix.remember(kv_ids, dc.ids if dc else None, dc.window if dc else None)
             if gen.id == self._shared.generation:   # a superseded stream must not overwrite a newer result
                     self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,

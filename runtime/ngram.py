@@ -17,6 +17,8 @@ speculative round.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -50,35 +52,44 @@ def check(bundle, options) -> None:
         raise GenerationError(f"ngram_max_n must be an integer >= 1, got {n!r}")
 
 
-def _find(gen, gamma: int) -> list[int]:
-    """This round's lookup; for ngram-tli also the mode: `gen.ngram_plain` is True when a round without
-    a usable match is a plain step (lookup mode) rather than a drafter round."""
-    max_n = int(gen.dec.options.get("ngram_max_n", DEFAULT_MAX_N))
-    history = np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64)
-    found, n = lookup(history, max_n, gamma)
-    if gen.drafter is None:
-        return found
-    lookup_mode = gen.ngram_hit_rate >= LOOKUP_MODE
-    hit = float(n >= COMBINED_MIN_N)                 # 1-token matches are everywhere, even in new text
-    gen.ngram_hit_rate += HIT_EMA * (hit - gen.ngram_hit_rate)
-    gen.ngram_plain = lookup_mode
-    return found if lookup_mode or n >= COMBINED_MIN_N else []
+@dataclass
+class LookupState:
+    """One generation's prompt-lookup state (Strategy.start): the hit-rate average of ngram-tli's mode,
+    and this round's lookup (`begin_round`, once a round, before the governor reads `source`)."""
+    max_n: int
+    hit_rate: float = 1.0           # EMA of "the lookup found a match of COMBINED_MIN_N+ tokens"
+    found: list[int] = field(default_factory=list)     # this round's continuation, up to the draft length
+    plain: bool = False             # ngram-tli in lookup mode: a round without a usable match is a plain step
+
+    def begin_round(self, gen) -> None:
+        history = np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64)
+        found, n = lookup(history, self.max_n, gen.config.gamma)
+        if gen.drafter is None:
+            self.found = found
+            return
+        lookup_mode = self.hit_rate >= LOOKUP_MODE
+        hit = float(n >= COMBINED_MIN_N)                 # 1-token matches are everywhere, even in new text
+        self.hit_rate += HIT_EMA * (hit - self.hit_rate)
+        self.plain = lookup_mode
+        self.found = found if lookup_mode or n >= COMBINED_MIN_N else []
 
 
-def source(gen) -> str:
+def start(gen) -> LookupState:
+    return LookupState(int(gen.config.options.get("ngram_max_n", DEFAULT_MAX_N)))
+
+
+def source(state: LookupState) -> str:
     """ngram-tli: "ngram" for an n-gram draft or a lookup-mode plain step, else "drafter". The two
     have their own draft-length governors (draft_length="auto"): a long n-gram draft costs one verify
-    forward, a drafter draft a drafter forward per token. The lookup is kept for `propose`."""
-    gen.ngram_found = _find(gen, gen.dec.draft_length)
-    return "ngram" if gen.ngram_found or gen.ngram_plain else "drafter"
+    forward, a drafter draft a drafter forward per token."""
+    return "ngram" if state.found or state.plain else "drafter"
 
 
 def propose(gen, gamma: int) -> Draft:
     """The n-gram continuation when there is one; else a plain step (`ngram`, or ngram-tli in lookup
     mode) or the drafter's draft (ngram-tli)."""
-    found = gen.ngram_found
-    found = _find(gen, gamma) if found is None else found[:gamma]
-    gen.ngram_found = None
-    if found or gen.drafter is None or gen.ngram_plain:
+    state = gen.strategy_state
+    found = state.found[:gamma]
+    if found or gen.drafter is None or state.plain:
         return lookup_draft(gen, found)
     return draft_tokens(gen, gamma)

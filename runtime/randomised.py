@@ -35,19 +35,23 @@ target's law. At temperature 0 p is a point mass: an accepted draft and the resi
 target's argmax, so the output equals greedy `ar` token for token (the decoder then skips the coins).
 
 Where it runs: `SpeculativeDecoder(..., draft_probability=a | "auto")` (auto = the bundle's a*), with
-any token-level strategy (sd, tli, rdk-taylor, rdk). The one round (rounds.draft_tokens) flips the
-coins first (`chain_length`: they are independent of q), drafts n tokens, and runs the no-draft
-position's drafter forward on the decoder's worker thread (`SideRunner`) while the target verifies
-(decoder option concurrent_draft=False: the same forward before the verify, same law and same draws);
+any token-level strategy (sd, tli, rdk-taylor, rdk), sampled (at temperature 0 the decoder skips the
+coins). `draft_randomised` is that round's proposer: it flips the coins first (`chain_length`: they are
+independent of q), drafts n tokens (rounds.draft_tokens), and starts the no-draft position's drafter
+forward on the decoder's worker thread (`SideRunner`) while the target verifies (decoder option
+concurrent_draft=False: the same forward before the verify, same law and same draws); the draft's
+`finish` hook turns its row into the draft's last q row after the verify forward.
 verify.verify_sampled does the per-position accept/residual rule.
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
 
+from edgespec.runtime.rounds import Draft, draft_tokens
 from edgespec.runtime.verify import residual
 
 
@@ -71,6 +75,34 @@ def chain_length(rng: np.random.Generator, a: float, gamma: int) -> tuple[int, b
         if rng.random() >= a:
             return j, True
     return gamma, False
+
+
+def draft_randomised(gen, gamma: int) -> Draft:
+    """The randomised round's proposal: coins, then n drafts; when a coin said "no draft" (and no
+    confidence stop came first: a function of the drafts, not of a draw) the q of that position is
+    still needed, so its drafter forward starts now and `finish` collects it after the verify."""
+    n, stopped = chain_length(gen.rng, gen.config.draft_probability, gamma)
+    draft = draft_tokens(gen, n)
+    if not stopped or len(draft.tokens) < n:
+        return draft
+    ids = gen.drafter_ctx.inputs()
+    prefill = gen.drafter.length == 0
+    t_submit = None
+    if gen.config.concurrent_draft:
+        t_submit = time.perf_counter()
+        pending = gen.dec.side_runner().submit(gen.drafter.forward, ids, 1)    # last row only
+    else:
+        pending = Future()
+        pending.set_result(gen.drafter.forward(ids, 1))
+    draft.q = gen.q_rows[:n + 1]
+
+    def finish() -> None:
+        row = pending.result()[-1]
+        gen.book_draft_forward(prefill, overlap_from=t_submit)
+        gen.draft_q(row, draft.q[n])
+
+    draft.finish = finish
+    return draft
 
 
 class SideRunner:

@@ -174,17 +174,17 @@ def propose(gen, gamma: int) -> Draft:
     (for exact-match verification the draft maximising P(accept) = p(d) is the most likely one, and
     the drafter's argmax is its best guess: better than a draw from q, whose acceptance is
     sum_d q(d) p(d)); the draft text is re-tokenised for the target (SlemTranslator.propose).
-    The draft's drafter tokens stay in the context only until the round's rollback (rounds.py), which
-    keeps the drafter KV of those the committed text reproduces."""
-    state, ctx = gen.dec.state, gen.ctx
-    mark = len(ctx.ids)
+    The draft's drafter tokens stay in the context only until the round's commit (rounds.commit ->
+    DrafterContext.sync), which keeps the drafter KV of those the committed text reproduces."""
+    state, ids = gen.prepared, gen.drafter_ctx.ids
+    mark = len(ids)
     draft: list[int] = []
     for _ in range(gamma):
         d = int(state.draft_ids[int(np.argmax(gen.draft_forward()))])
         draft.append(d)
         if d in state.stop_ids:
             break
-        ctx.ids.append(d)
+        ids.append(d)
     look = state.translator.lookbehind
     committed_tail = (gen.prompt_ids[-look:] + gen.generated[-look:])[-look:]
     before = state.translator.realignments

@@ -23,6 +23,10 @@ A strategy (`register(Strategy(...))` adds one):
   token-level `rounds.draft_tokens` / `rounds.accept_tokens`.
 - `check(bundle, options)`: raise an EdgespecError when the bundle cannot serve the strategy.
 - `options`: the names of the strategy options it reads (the decoder refuses names no strategy reads).
+- `start(gen) -> state`: per-generation state (`gen.strategy_state`), when the strategy keeps any; the
+  state's `begin_round(gen)` runs once a round that may draft, before the governor is consulted.
+- `source(state) -> str`: which of its proposers this round uses (a pure function of the state), when
+  it has several; each gets its own draft-length governor.
 """
 from __future__ import annotations
 
@@ -64,8 +68,8 @@ class Strategy:
     propose: Callable = draft_tokens
     accept: Callable = accept_tokens
     options: tuple[str, ...] = ()             # the strategy options `prepare`/`check` read
-    source: Callable | None = None            # source(gen) -> this round's proposer, when it has several
-                                              # (each gets its own draft-length governor)
+    start: Callable | None = None             # start(gen) -> per-generation state
+    source: Callable | None = None            # source(state) -> this round's proposer
 
     def __post_init__(self):
         if self.greedy is None and self.distribution is not None:
@@ -95,10 +99,10 @@ for _s in (
              prepare=lambda b, o: None, distribution=None, greedy=None, options=("ngram_max_n",)),
     Strategy("ngram", "prompt lookup: the continuation of the latest earlier n-gram match (no drafter)",
              uses_drafter=False, prepare=lambda b, o: None, distribution=None, greedy=None, check=ngram.check,
-             propose=ngram.propose, options=("ngram_max_n",)),
+             propose=ngram.propose, options=("ngram_max_n",), start=ngram.start),
     Strategy("ngram-tli", "prompt lookup when the n-gram matches, the drafter's TLI draft otherwise",
              greedy=tli_greedy, check=ngram.check, propose=ngram.propose, options=("ngram_max_n",),
-             source=ngram.source),
+             start=ngram.start, source=ngram.source),
     Strategy("tli", "Token-Level Intersection (Algorithm 4)", greedy=tli_greedy),
     Strategy("sd", "vanilla speculative decoding, same tokenizer (Algorithm 5)", greedy=tli_greedy,
              check=_require_same_tokenizer),

@@ -51,8 +51,8 @@ def check_args(args) -> None:
 
 def serve(args) -> int:
     try:  # lazy: the [serve] extra
-        import uvicorn
-        from edgespec.serve.app import Settings, build_app
+        import uvicorn  # lazy: the [serve] extra
+        from edgespec.serve.app import Settings, build_app  # lazy: the [serve] extra
     except ModuleNotFoundError as exc:
         raise ServeError(f"edgespec serve needs the [serve] extra ({exc.name} is missing): "
                          "pip install 'edgespec[serve]'") from None
@@ -68,7 +68,7 @@ def serve(args) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=30, lifespan="off")
     eps = ",".join(p.replace("ExecutionProvider", "") for p in dec.providers["target"][:1])
-    strategy = f"{dec.strategy.name} (draft length {dec.draft_length_setting})"
+    strategy = f"{dec.strategy.name} (draft length {dec.config.draft_length})"
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):

@@ -154,16 +154,26 @@ def test_ngram_tli_auto_keeps_one_governor_per_proposer(tiny_self_bundle):
 
 def test_ngram_tli_switches_between_lookup_and_drafter_mode():
     # history ends in 9; 9 occurred once before (followed by 4): a 1-token match only
-    gen = SimpleNamespace(dec=SimpleNamespace(options={}, draft_length=3), prompt_ids=[9, 4, 5, 6, 7, 9],
-                          generated=[], drafter=object(), ngram_hit_rate=1.0, ngram_plain=False, ngram_found=None)
-    assert ngram.source(gen) == "ngram" and gen.ngram_found == [4, 5, 6]   # lookup mode takes a 1-token match
+    gen = SimpleNamespace(config=SimpleNamespace(gamma=3, options={}), prompt_ids=[9, 4, 5, 6, 7, 9], generated=[],
+                          drafter=object())
+    state = ngram.start(gen)
+
+    def source():
+        state.begin_round(gen)
+        return ngram.source(state)
+    assert source() == "ngram" and state.found == [4, 5, 6]                 # lookup mode takes a 1-token match
+    rate = state.hit_rate
+    assert ngram.source(state) == "ngram" and state.hit_rate == rate        # source only reads the state
     gen.prompt_ids = [1, 2, 3]                                               # no match at all
-    assert ngram.source(gen) == "ngram" and gen.ngram_found == [] and gen.ngram_plain   # a plain step, no drafter
-    while gen.ngram_hit_rate >= ngram.LOOKUP_MODE:
-        ngram.source(gen)
-    assert ngram.source(gen) == "drafter" and not gen.ngram_plain             # matches are rare: the drafter
+    assert source() == "ngram" and state.found == [] and state.plain       # a plain step, no drafter
+    while state.hit_rate >= ngram.LOOKUP_MODE:
+        source()
+    assert source() == "drafter" and not state.plain                        # matches are rare: the drafter
     gen.prompt_ids = [9, 4, 5, 6, 7, 9]
-    assert ngram.source(gen) == "drafter"                                    # a 1-token match is not enough now
+    assert source() == "drafter"                                            # a 1-token match is not enough now
     gen.prompt_ids = [8, 9, 4, 5, 6, 8, 9]
-    assert ngram.source(gen) == "ngram" and gen.ngram_found == [4, 5, 6]     # a 2-token match is
-    assert ngram.source(SimpleNamespace(**{**vars(gen), "drafter": None})) == "ngram"   # plain ngram: lookup only
+    assert source() == "ngram" and state.found == [4, 5, 6]                 # a 2-token match is
+    gen.drafter, gen.prompt_ids = None, [9, 4, 5, 6, 7, 9]                  # plain ngram: lookup only, no mode
+    plain = ngram.start(gen)
+    plain.begin_round(gen)
+    assert plain.found == [4, 5, 6] and plain.hit_rate == 1.0 and not plain.plain

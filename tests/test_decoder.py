@@ -64,7 +64,7 @@ def test_hetero_drafter_context_is_resynced(bundles):
         t_keys = token_table(b.target.tokenizer, b.target.vocab_size).keys
         d_keys = token_table(b.drafter.tokenizer, b.drafter.vocab_size).keys
         text = lambda keys, ids: b"".join(k for k in (keys[i] or b"" for i in ids) if not k.startswith(b"special:"))
-        ctx = dec._last_generation.ctx
+        ctx = dec._last_generation.drafter_ctx
         assert ctx.ids[0] == b.drafter.bos_id
         assert text(d_keys, ctx.ids) == text(t_keys, res.prompt_token_ids + res.token_ids)
 

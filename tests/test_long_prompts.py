@@ -86,7 +86,7 @@ def test_window_larger_than_the_drafter_context_is_clamped_once(bundles):
         dec = SpeculativeDecoder(bundles["same"], strategy="tli", threads=1, drafter_window=10 ** 6)
     said = [w for w in caught if "drafter_window" in str(w.message)]
     assert len(said) == 1
-    assert dec.drafter_window == dec.drafter.max_position - dec.max_draft_length - 2
+    assert dec.config.drafter_window == dec.drafter.max_position - dec.config.max_draft_length - 2
 
 
 def _turns(first_answer: str):

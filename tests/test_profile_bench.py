@@ -138,8 +138,8 @@ def test_strategy_rows_with_their_own_options(tiny_self_bundle, prompts_file, tm
     s = BenchSettings(bundle=tiny_self_bundle, report=Path("unused"), threads=1)
     configs = [("ar", 0), ("tli", 2), ("tli:draft_probability=0.5", 2)]
     family = decoder_family(bundle, configs, s)
-    assert family[("tli", 2)].draft_probability is None
-    assert family[("tli:draft_probability=0.5", 2)].draft_probability == 0.5
+    assert family[("tli", 2)].config.draft_probability is None
+    assert family[("tli:draft_probability=0.5", 2)].config.draft_probability == 0.5
     assert family[("tli:draft_probability=0.5", 2)].strategy.name == "tli"
     doc = run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", strategies=["ar", "tli",
                              "tli:draft_probability=0.5"], draft_lengths=[2], repeats=1, warmup=False))
@@ -344,7 +344,7 @@ def test_ngram_without_a_drafter_strategy(tiny_self_bundle, prompts_file, tmp_pa
     family = decoder_family(bundle, s.configs(), s)
     assert list(family) == [("ar", 0), ("ngram", 3), ("ngram", "auto")]
     assert all(d.drafter is None and d.drafter_session_info is None for d in family.values())
-    assert family[("ngram", "auto")].governor is not None and family[("ngram", "auto")].max_draft_length == 8
+    assert family[("ngram", "auto")].governor is not None and family[("ngram", "auto")].config.max_draft_length == 8
     doc = run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", strategies=["ar", "ngram"],
                              draft_lengths=[2], limit=1, max_new_tokens=8, repeats=1, warmup=False, bandwidth_mb=0))
     assert [r["strategy"] for r in doc["runs"]] == ["ar", "ngram"]
@@ -355,8 +355,8 @@ def test_draft_confidence_rows_share_the_sessions(tiny_self_bundle):
     bundle = Bundle.load(tiny_self_bundle)
     s = BenchSettings(bundle=tiny_self_bundle, report=Path("unused"), threads=1)
     family = decoder_family(bundle, [("ar", 0), ("tli", 2), ("tli:draft_confidence=0.5", 2)], s)
-    assert family[("tli", 2)].draft_confidence is None
-    assert family[("tli:draft_confidence=0.5", 2)].draft_confidence == 0.5
+    assert family[("tli", 2)].config.draft_confidence is None
+    assert family[("tli:draft_confidence=0.5", 2)].config.draft_confidence == 0.5
     assert family[("tli:draft_confidence=0.5", 2)].drafter is family[("tli", 2)].drafter
 
 

@@ -140,4 +140,4 @@ def test_greedy_is_ar_and_auto_needs_a_star(tiny_same_bundle):
     with pytest.raises(GenerationError, match="a\\*"):
         SpeculativeDecoder(b, strategy="tli", draft_probability="auto")
     b.randomised = {"a_star": 0.6, "lambda": 0.3}
-    assert SpeculativeDecoder(b, strategy="tli", draft_probability="auto").draft_probability == 0.6
+    assert SpeculativeDecoder(b, strategy="tli", draft_probability="auto").config.draft_probability == 0.6

@@ -1,0 +1,96 @@
+"""`DecodeConfig`: a decoder's settings (everything that is not a session), checked once, when it is made.
+
+The decoder makes one from its arguments before loading anything (a bad argument costs no session),
+then `resolved` fills in what needs the bundle (draft_probability "auto" -> the bundle's a*, a drafter
+window clamped to the drafter's context). `SpeculativeDecoder.variant()` is `dataclasses.replace` of
+it over the same sessions: the replaced config is checked by the same `__post_init__`.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping
+
+import numpy as np
+
+from edgespec.errors import GenerationError
+from edgespec.runtime.checks import (DEFAULT_DRAFTER_WINDOW, check_draft_length, check_drafter_window,
+                                     check_plain_steps, check_strategy_options)
+from edgespec.runtime.rounds import draft_tokens
+from edgespec.runtime.strategies import Strategy, get_strategy
+
+
+def _check_flag(name: str, value) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise GenerationError(f"{name} must be True or False, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    strategy: Strategy
+    draft_length: int | str = "auto"              # the setting: an int, or "auto" (runtime/governor.py)
+    max_draft_length: int = 8                     # gamma_max of draft_length="auto"
+    draft_probability: float | str | None = None  # randomised drafting (randomised.py); "auto": the bundle's a*
+    draft_confidence: float | None = None         # stop drafting when the drafter's top probability falls below
+    concurrent_draft: bool = True                 # the no-draft position's forward beside the verify forward
+    drafter_window: int | None = DEFAULT_DRAFTER_WINDOW   # drafter KV positions (context.DrafterWindow)
+    plain_steps: str = "exact"                    # checks.check_plain_steps
+    prefix_reuse: bool = True                     # prefix.py
+    options: Mapping = field(default_factory=dict)        # strategy options (Strategy.options)
+
+    def __post_init__(self):
+        if isinstance(self.strategy, str):
+            object.__setattr__(self, "strategy", get_strategy(self.strategy))
+        check_draft_length(self.draft_length)
+        check_draft_length(self.max_draft_length)
+        check_plain_steps(self.plain_steps)
+        check_drafter_window(self.drafter_window)
+        _check_flag("prefix_reuse", self.prefix_reuse)
+        _check_flag("concurrent_draft", self.concurrent_draft)
+        c = self.draft_confidence
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c < 1.0):
+            raise GenerationError(f"draft_confidence must be in (0, 1) or None, got {c!r}")
+        a = self.draft_probability
+        if a is not None:
+            if a != "auto" and (isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 < float(a) <= 1.0):
+                raise GenerationError(f"draft_probability must be in (0, 1] or 'auto', got {a!r}")
+            s = self.strategy
+            if s.name != "auto" and (not s.uses_drafter or s.propose is not draft_tokens):
+                raise GenerationError(f"draft_probability needs a token-level drafting strategy (tli, sd, rdk-taylor, "
+                                      f"rdk), not {s.name!r}")
+        object.__setattr__(self, "options", MappingProxyType(check_strategy_options(dict(self.options))))
+
+    @property
+    def gamma(self) -> int:
+        """Drafts per round at most: the fixed draft length, or gamma_max under "auto"; 0 for `ar`."""
+        if not self.strategy.speculative:
+            return 0
+        return self.max_draft_length if self.draft_length == "auto" else int(self.draft_length)
+
+    @property
+    def auto_length(self) -> bool:
+        """A draft-length governor chooses gamma per round."""
+        return self.draft_length == "auto" and self.strategy.speculative
+
+    def resolved(self, bundle, drafter_max_position: int | None) -> "DecodeConfig":
+        """This config on a bundle: a* for draft_probability "auto", the drafter window clamped to
+        what the drafter's context holds with a full draft (said once, here)."""
+        changes: dict = {}
+        if self.draft_probability == "auto":
+            if bundle.a_star is None:
+                raise GenerationError("draft_probability='auto' needs a calibrated a* in the bundle "
+                                      "(vocab/randomised.json)")
+            changes["draft_probability"] = float(bundle.a_star)
+        elif self.draft_probability is not None:
+            changes["draft_probability"] = float(self.draft_probability)
+        window = self.drafter_window
+        if window is not None and drafter_max_position:
+            room = max(2, drafter_max_position - self.max_draft_length - 2)
+            if window > room:
+                warnings.warn(f"drafter_window {window} exceeds the drafter's context ({drafter_max_position} "
+                              f"positions, {self.max_draft_length} drafts): using {room}", stacklevel=4)
+                changes["drafter_window"] = room
+            else:
+                changes["drafter_window"] = int(window)
+        return replace(self, **changes) if changes else self
