@@ -118,6 +118,7 @@ def make_transform(target: str | None, drafter: str | None, block_size: int = q.
             updates["checks"] = {"quantized_target_quality": updates["target"]["quantization"]["quality"]}
         return updates
 
+    transform.sides = dict(sides)         # the scheme each side gets
     return transform
 
 

@@ -8,7 +8,7 @@ import pytest
 from edgespec.calibrate import prefix_affinity as pa
 from edgespec.calibrate.priors import make_estimator
 from edgespec.errors import CalibrationError
-from edgespec.profiler.study_slrs import SecondStep, segment_counts
+from edgespec.profiler.study.slrs import SecondStep, segment_counts
 from edgespec.runtime.vocab import build_maps
 
 import tinymodels
@@ -127,7 +127,7 @@ def test_branching_drafter_matches_a_plain_forward(tmp_path):
     prefix + token through the model."""
     import torch
 
-    from edgespec.profiler.study_slrs import BranchingDrafter
+    from edgespec.profiler.study.slrs import BranchingDrafter
 
     tok = tinymodels.tiny_tokenizers()["spiece"]
     drafter = BranchingDrafter(tinymodels.build_tiny_model(tmp_path / "tiny-sp", tok, "spiece", seed=3))

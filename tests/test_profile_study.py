@@ -10,8 +10,8 @@ import pytest
 
 from edgespec.cli import main
 from edgespec.profiler.errors import StudyError
-from edgespec.profiler.study import StudyConfig, run_study
-from edgespec.profiler.study_samplers import attach_samplers, level_alphas, make_level, taylor_samplers
+from edgespec.profiler.study.acceptance import StudyConfig, run_study
+from edgespec.profiler.study.samplers import attach_samplers, level_alphas, make_level, taylor_samplers
 
 
 @pytest.fixture(autouse=True)

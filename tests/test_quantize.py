@@ -302,7 +302,8 @@ def test_refuses_a_scheme_the_ep_lacks(scheme, ep, embedding, match):
 def test_refuses_int8_dynamic_for_the_target():
     with pytest.raises(ExportError, match="int8-dynamic .* drafter only"):
         make_transform("int8-dynamic", "int4")
-    assert make_transform("int4", "int8-dynamic") is not None
+    assert make_transform("int4", "int8-dynamic").sides == {"target": "int4", "drafter": "int8-dynamic"}
+    assert make_transform("none", "int8").sides == {"drafter": "int8"} and make_transform("none", None) is None
 
 
 def test_cli_refusal_is_one_line_and_exit_2(capsys, tmp_path):
@@ -352,8 +353,8 @@ def test_smollm_quantized_bundle(smollm_quantized, scheme):
 
 
 def test_verify_cost_reports_ratios_against_the_first_k(tiny_self_bundle, tmp_path):
-    """`python -m edgespec.export.verify_cost`: medians per k and ratios to the first k, in JSON."""
-    from edgespec.export import verify_cost
+    """`python -m edgespec.profiler.verify_cost`: medians per k and ratios to the first k, in JSON."""
+    from edgespec.profiler import verify_cost
 
     out = tmp_path / "cost.json"
     assert verify_cost.main([str(tiny_self_bundle), "--k", "1,4", "--past", "8", "--repeats", "2",

@@ -1,4 +1,4 @@
-"""`edgespec study randomised` (profiler/study_randomised.py): end to end on the tiny bundles, and the
+"""`edgespec study randomised` (profiler/study/randomised.py): end to end on the tiny bundles, and the
 chain-aware prediction (`chain_weights`) against a simulation of the runtime's own chained rule."""
 import json
 
@@ -7,7 +7,7 @@ import pytest
 
 from edgespec.cli import main
 from edgespec.errors import EdgespecError
-from edgespec.profiler.study_randomised import RandomisedConfig, chain_weights, run_randomised
+from edgespec.profiler.study.randomised import RandomisedConfig, chain_weights, run_randomised
 from edgespec.runtime.randomised import acceptance_rate, chain_length
 from edgespec.runtime.verify import verify_sampled
 

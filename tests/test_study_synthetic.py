@@ -11,7 +11,7 @@ import pytest
 
 from edgespec.cli import main
 from edgespec.profiler.errors import StudyError
-from edgespec.profiler.study_synthetic import SyntheticConfig, eq2_rdk, logit_variance, run_synthetic, synthetic_chunks
+from edgespec.profiler.study.synthetic import SyntheticConfig, eq2_rdk, logit_variance, run_synthetic, synthetic_chunks
 
 V = 1500
 KEPT = [15, 150, 600, V]

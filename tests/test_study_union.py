@@ -1,12 +1,12 @@
 """The study's `union` baseline (heterogeneous-vocabularies paper, Alg. 1) against TLI (Theorem 4.1), and
-the SLRS upper bound against SLRS with one token of lookahead (profiler/study_samplers.py)."""
+the SLRS upper bound against SLRS with one token of lookahead (profiler/study/samplers.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from edgespec.calibrate.prefix_affinity import TokenStructure, first_token_csr
-from edgespec.profiler.study_samplers import attach_samplers, attach_slrs_bound, level_alphas, make_level
+from edgespec.profiler.study.samplers import attach_samplers, attach_slrs_bound, level_alphas, make_level
 
 import tinymodels
 

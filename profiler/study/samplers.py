@@ -109,8 +109,9 @@ def slrs_upper_bound(p: np.ndarray, q_s: np.ndarray, slrs: dict) -> np.ndarray:
 
 
 def overlap(p: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """sum_x min(p, d) per row."""
-    return np.minimum(p, d).sum(axis=1)
+    """sum_x min(p, d) over the last axis (per row; a 0-d array for two vectors): the acceptance rate
+    of speculative sampling with draft distribution d against target p."""
+    return np.minimum(p, d).sum(axis=-1)
 
 
 def level_alphas(p: np.ndarray, q: np.ndarray, level: KeptLevel, tol: float) -> dict:

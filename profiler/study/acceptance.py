@@ -13,7 +13,7 @@ Method (teacher-forced, bounded memory):
    probability: frequency-ranked pruning as in FR-Spec/VocabTrim), the target unigram prior (for
    rdk-taylor) and the affinity M over all drafter columns with each estimator (calibrate/priors.py);
    at kept size K the study uses the rows of M for the K kept columns.
-4. Held-out positions: for each kept size, alpha = sum min(p, d) of every sampler (study_samplers.py),
+4. Held-out positions: for each kept size, alpha = sum min(p, d) of every sampler (study/samplers.py),
    kept per position (a few floats each); positions are processed in chunks of 32 rows. Each row
    reports alpha, its standard error std/sqrt(n), and the paired difference to TLI at the same kept
    size with its standard error (same positions, so far tighter than the two SEs combined).
@@ -41,9 +41,9 @@ from edgespec.calibrate.tfpass import sample_raw_texts
 from edgespec.calibrate.teacher import OrtLogits, text_sequences
 from edgespec.paths import exports_dir
 from edgespec.profiler import mbsu as M
-from edgespec.profiler import study_report
+from edgespec.profiler.study import report as study_report
 from edgespec.profiler.errors import StudyError
-from edgespec.profiler.study_samplers import (attach_samplers, attach_slrs_bound, level_alphas, make_level,
+from edgespec.profiler.study.samplers import (attach_samplers, attach_slrs_bound, level_alphas, make_level,
                                               sampler_label, taylor_samplers)
 from edgespec.runtime.rdk import DEFAULT_TOL
 from edgespec.runtime.sampling import softmax

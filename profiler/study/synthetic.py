@@ -11,7 +11,7 @@ Setting (docs/study-synthetic.md has the choices the paper leaves open, and the 
 - alpha = sum_x min(p(x), d(x)) per held-out position for each draft law d (Def. 2.1), mean and
   standard error std/sqrt(n) per (sampler, K), and the paired difference to TLI with its SE.
 Samplers: masked, tli, rdk-taylor (Eq. 3 on TLI with the calibrated prior, as the runtime) and rdk M=cooc
-(Algorithm 1 with calibrate's co-occurrence M) come from profiler/study_samplers.py `level_alphas`, the
+(Algorithm 1 with calibrate's co-occurrence M) come from profiler/study/samplers.py `level_alphas`, the
 acceptance study's own code; added here: rdk-taylor-oracle (Eq. 3 with p = this position's target, the p
 of Theorem 5.4) and rdk M=eq2 (Algorithm 1 with Eq. 2's M built from this target's exact logit covariance,
 Omega = Var(z) I, dense, in closed form: `eq2_rdk`). The union baseline equals TLI here (D = T): left out.
@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from edgespec.calibrate.priors import make_estimator
 from edgespec.profiler.errors import StudyError
-from edgespec.profiler.study_samplers import attach_samplers, level_alphas, make_level, overlap, taylor_samplers
+from edgespec.profiler.study.samplers import attach_samplers, level_alphas, make_level, overlap, taylor_samplers
 from edgespec.runtime.rdk import DEFAULT_TOL, RdkTaylor
 from edgespec.runtime.sampling import softmax
 from edgespec.runtime.tli import tli_rows
@@ -230,11 +230,11 @@ def write(doc: dict, out: Path) -> None:
 def _pyplot():
     """matplotlib.pyplot on the Agg backend, None without matplotlib (optional: edgespec[bench])."""
     try:                        # lazy: slow to import, and only the plot needs it
-        import matplotlib
+        import matplotlib  # lazy: matplotlib is optional (plots only)
     except ImportError:
         return None
     matplotlib.use("Agg")
-    import matplotlib.pyplot
+    import matplotlib.pyplot  # lazy: matplotlib is optional (plots only)
     return matplotlib.pyplot
 
 

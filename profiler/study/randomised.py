@@ -113,7 +113,7 @@ def trajectory(dec, prompt_ids: list[int], generated: list[int], params: Samplin
     q = np.empty(dec.bundle.target.vocab_size, dtype=np.float64)
     for i in range(m):
         p = probabilities(t_rows[i:i + 1], params)[0]
-        dec.strategy.distribution(dec.state, d_rows[i], params, q)
+        dec.strategy.distribution(dec.prepared, d_rows[i], params, q)
         x = generated[i + 1]
         out["alpha"][i] = [acceptance_rate(p, q, a) for a in a_values]
         out["sd"][i], out["px"][i], out["qx"][i] = np.minimum(p, q).sum(), p[x], q[x]
@@ -331,12 +331,12 @@ def _finite(x):
 
 def plot(doc: dict, path: Path) -> list[str]:
     try:
-        import matplotlib           # lazy and optional (edgespec[bench]), on the Agg backend
+        import matplotlib           # lazy: optional (edgespec[bench]), on the Agg backend
     except ImportError:
         print("edgespec: warning: matplotlib is not installed: no plot", file=sys.stderr)
         return []
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
 
     rows = [r for r in doc["rows"] if r["strategy"] != "ar"]
     a = [r["a"] for r in rows]

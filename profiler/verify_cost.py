@@ -1,6 +1,6 @@
 """How much a k-token forward (a speculative verify) costs relative to a 1-token decode step, per graph.
 
-    python -m edgespec.export.verify_cost GRAPH_OR_BUNDLE [...] [--k 1,2,3,4,5,6,8] [--threads 1]
+    python -m edgespec.profiler.verify_cost GRAPH_OR_BUNDLE [...] [--k 1,2,3,4,5,6,8] [--threads 1]
                                           [--past 200] [--repeats 15] [--json OUT]
 
 A GRAPH is an .onnx file; a BUNDLE directory contributes its target/model.onnx. Every graph gets its

@@ -1,14 +1,14 @@
-"""`edgespec study acceptance` and `edgespec study synthetic` arguments (see profiler/study.py and
-profiler/study_synthetic.py for the methods)."""
+"""`edgespec study acceptance` and `edgespec study synthetic` arguments (see profiler/study/acceptance.py and
+profiler/study/synthetic.py for the methods)."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from edgespec.profiler import study_randomised, study_report, study_synthetic
-from edgespec.profiler.study import StudyConfig, run_study
-from edgespec.profiler.study_randomised import RandomisedConfig, run_randomised
-from edgespec.profiler.study_synthetic import DEFAULT_KEPT, DEFAULT_SCALE, SyntheticConfig, run_synthetic
+from edgespec.profiler.study import randomised as study_randomised, report as study_report, synthetic as study_synthetic
+from edgespec.profiler.study.acceptance import StudyConfig, run_study
+from edgespec.profiler.study.randomised import RandomisedConfig, run_randomised
+from edgespec.profiler.study.synthetic import DEFAULT_KEPT, DEFAULT_SCALE, SyntheticConfig, run_synthetic
 
 def add_bundle_and_prompts(p, bundle_help: str) -> None:
     """--bundle, --prompts and --split, as `edgespec bench` and the randomised study read them."""

@@ -1,8 +1,8 @@
 """SLRS (heterogeneous-vocabularies paper, Alg. 3) measured on a real pair: acceptance and cost.
 
-    python -m edgespec.profiler.study_slrs --pair qwen-smollm --positions 1000 --out OUT
+    python -m edgespec.profiler.study.slrs --pair qwen-smollm --positions 1000 --out OUT
 
-Teacher-forced over the held-out split of the acceptance study's texts (profiler/study.py: same
+Teacher-forced over the held-out split of the acceptance study's texts (profiler/study/acceptance.py: same
 texts, same aligned positions, full drafter vocabulary). Strings and "the first target token of a
 string" (longest target token prefixing it) are those of calibrate/prefix_affinity.py. Per position:
   tli       sum_t min(p, q'), q' = q restricted to T and renormalised (Alg. 4);
@@ -33,7 +33,8 @@ import numpy as np
 from edgespec.calibrate.models import resolve_models
 from edgespec.calibrate.prefix_affinity import MAX_KEY_BYTES, TokenStructure
 from edgespec.calibrate.teacher import text_sequences
-from edgespec.profiler.study import StudyConfig, study_texts
+from edgespec.profiler.study.acceptance import StudyConfig, study_texts
+from edgespec.profiler.study.samplers import overlap
 from edgespec.runtime.sampling import softmax
 
 
@@ -125,7 +126,7 @@ class BranchingDrafter:
 
     def __init__(self, hf_dir: Path):
         import torch  # lazy: optional (edgespec[export]) and heavy
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # lazy: the [export] extra
 
         torch.set_num_threads(1)                            # docs/facts.md [Threads]
         self.torch = torch
@@ -160,10 +161,6 @@ class BranchingDrafter:
 
 # --------------------------------------------------------------------------- the measurement
 
-def overlap(p: np.ndarray, d: np.ndarray) -> float:
-    return float(np.minimum(p, d).sum())
-
-
 def psi_one(q: np.ndarray, first: np.ndarray, n_target: int) -> np.ndarray:
     has = first >= 0
     return np.bincount(first[has], weights=q[has], minlength=n_target)
@@ -190,10 +187,10 @@ def measure(cfg: StudyConfig, top: int) -> dict:
         for (_, d_row), p in zip(pairs, p_all):
             q = softmax(d_logits[d_row][None, :models.v_d], cfg.temperature, np.float64)[0]
             tli = np.bincount(d2t[d2t >= 0], weights=q[d2t >= 0], minlength=models.v_t)
-            rows["union"].append(overlap(p, tli))
-            rows["tli"].append(overlap(p, tli / tli.sum()))
+            rows["union"].append(float(overlap(p, tli)))
+            rows["tli"].append(float(overlap(p, tli / tli.sum())))
             psi1 = psi_one(q, structure.first, models.v_t)
-            rows["slrs-1"].append(overlap(p, psi1))
+            rows["slrs-1"].append(float(overlap(p, psi1)))
             cand = np.flatnonzero(structure.extended & (structure.first >= 0))
             pick = cand[np.argsort(-q[cand])[:top]]
             psi2 = psi1.copy()
@@ -201,7 +198,7 @@ def measure(cfg: StudyConfig, top: int) -> dict:
             for d1, q2_row in zip(pick, q2):
                 psi2[structure.first[d1]] -= q[d1]
                 psi2 += q[d1] * second.psi(int(d1), q2_row, models.v_t)
-            rows["slrs-2"].append(overlap(p, psi2))
+            rows["slrs-2"].append(float(overlap(p, psi2)))
             branch_mass.append(float(q[pick].sum()))
         if len(rows["tli"]) >= cfg.positions:
             break
@@ -237,7 +234,7 @@ def summarise(cfg, models, structure, rows, branch_mass, target_tokens, top, tex
             "top_extended_branches": top, "branch_mass": {"mean": float(np.mean(branch_mass))},
             "extended_drafter_tokens": int(structure.extended.sum()), "drafter_vocab": models.v_d,
             "samplers": table, "cost": cost, "elapsed_s": round(elapsed, 1),
-            "command": " ".join(["python -m edgespec.profiler.study_slrs", *sys.argv[1:]])}
+            "command": " ".join(["python -m edgespec.profiler.study.slrs", *sys.argv[1:]])}
 
 
 def _stats(a: np.ndarray) -> dict:
@@ -247,7 +244,7 @@ def _stats(a: np.ndarray) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m edgespec.profiler.study_slrs", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m edgespec.profiler.study.slrs", description=__doc__.split("\n")[0])
     ap.add_argument("--pair", required=True)
     ap.add_argument("--prompts", default="humaneval")
     ap.add_argument("--positions", type=int, default=1000)

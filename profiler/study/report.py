@@ -62,9 +62,9 @@ def table(doc: dict) -> str:
 
 def plots(doc: dict, out: Path) -> list[str]:
     try:                        # lazy: matplotlib is optional (edgespec[bench]) and slow to import
-        import matplotlib
+        import matplotlib  # lazy: matplotlib is optional (plots only)
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
     except ImportError:
         print("edgespec: warning: matplotlib is not installed: no plots", file=sys.stderr)
         return []
