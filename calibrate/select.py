@@ -134,7 +134,7 @@ def plot_curve(doc: dict, path: Path) -> None:
     import matplotlib  # lazy: the optional [calibrate] extra; a missing matplotlib only skips the PNG
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     ks = np.asarray(doc["k"])

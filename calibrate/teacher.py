@@ -175,8 +175,8 @@ class TorchLogits:
 
     def __init__(self, hf_dir: Path, cols: np.ndarray | None = None, window: int = 128):
         try:                    # lazy: torch and transformers are optional (edgespec[export]) and heavy
-            import torch
-            from transformers import AutoModelForCausalLM
+            import torch  # lazy: the [export] extra
+            from transformers import AutoModelForCausalLM  # lazy: the [export] extra
         except ImportError as exc:
             raise CalibrationError(f"teacher-forced passes without a bundle need torch + transformers "
                                    f"(pip install 'edgespec[export]'), or pass --bundle: {exc}") from None

@@ -305,7 +305,7 @@ def _copy_priors(kept: KeptVocab, dst: Path) -> dict:
 
 def _constants_in_graph(path: Path, ids: np.ndarray, index_map: np.ndarray) -> bool:
     import onnx  # lazy: the [export] extra; `edgespec --help` imports this module
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # lazy: onnx is the [export] extra
 
     m = onnx.load(str(path), load_external_data=False)
     vals = {n.output[0]: numpy_helper.to_array(n.attribute[0].t, base_dir=str(path.parent)) for n in m.graph.node

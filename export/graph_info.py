@@ -16,13 +16,13 @@ def np_dtype(tensor) -> np.dtype:
 
 def all_tensors(model):
     """Every TensorProto of a model: initializers and node attributes (Constant values), subgraphs included."""
-    from onnx.external_data_helper import _get_all_tensors
+    from onnx.external_data_helper import _get_all_tensors  # lazy: onnx is the [export] extra
 
     return _get_all_tensors(model)
 
 
 def io_names(path_or_model) -> dict:
-    import onnx
+    import onnx  # lazy: onnx is the [export] extra
 
     m = path_or_model if isinstance(path_or_model, onnx.ModelProto) else \
         onnx.load(str(path_or_model), load_external_data=False)

@@ -18,6 +18,8 @@ MatMulNBits path differs (runtime/kv.py keeps `min_forward_tokens` rows for that
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from edgespec.errors import ExportError
@@ -29,7 +31,7 @@ _MAX = np.iinfo(np.int64).max
 
 def add_logits_to_keep(model) -> bool:
     """Edit an onnx.ModelProto in place; False if it already has the input (nothing done)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper  # lazy: onnx is the [export] extra
 
     graph = model.graph
     if any(i.name == LOGITS_TO_KEEP for i in graph.input):
@@ -81,9 +83,7 @@ def strip_logits_to_keep(model) -> bool:
 def edit_file(path, out_path=None) -> bool:
     """Apply the edit to a model file (its external data stays where it is: only the graph file is
     rewritten, at `out_path` beside the same data). False if the graph already had the input."""
-    import os
-
-    import onnx
+    import onnx  # lazy: onnx is the [export] extra
 
     model = onnx.load(str(path), load_external_data=False)
     changed = add_logits_to_keep(model)

@@ -163,7 +163,7 @@ def run_prefill_decode(sess, ids: np.ndarray, prefill: int = CHECK_PREFILL, outp
 
 
 def _torch_reference(model, ids: np.ndarray) -> np.ndarray:
-    import torch
+    import torch  # lazy: the [export] extra
 
     with torch.no_grad():
         out = model(input_ids=torch.from_numpy(ids), use_cache=False)
@@ -172,7 +172,7 @@ def _torch_reference(model, ids: np.ndarray) -> np.ndarray:
 
 def _normalise_external_data(out_dir: Path) -> bool:
     """Rename optimum's external data file(s) to model.onnx.data; True if the model has external data."""
-    import onnx
+    import onnx  # lazy: onnx is the [export] extra
 
     path = out_dir / "model.onnx"
     model = onnx.load(str(path), load_external_data=False)
@@ -325,10 +325,10 @@ def export_model(hf_dir: Path, source_sha256: str, name: str = "model", cache: P
 
 def _export_into(hf_dir: Path, out: Path, name: str, source_sha256: str, progress: bool,
                  force_external: bool = False) -> None:
-    import onnx
-    import torch
-    from optimum.exporters.onnx import onnx_export_from_model
-    from transformers import AutoModelForCausalLM
+    import onnx  # lazy: onnx is the [export] extra
+    import torch  # lazy: the [export] extra
+    from optimum.exporters.onnx import onnx_export_from_model  # lazy: the [export] extra
+    from transformers import AutoModelForCausalLM  # lazy: the [export] extra
 
     torch.set_num_threads(1)  # torch with 2 threads is pathological on these VMs (docs/facts.md)
     info = model_info(hf_dir)

@@ -41,7 +41,7 @@ def _is_external(tensor) -> bool:
 
 def read_tensor(tensor, base_dir: Path) -> np.ndarray:
     """A tensor's values; external data is memory-mapped (read-only), not loaded."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # lazy: onnx is the [export] extra
 
     if not _is_external(tensor):
         return numpy_helper.to_array(tensor)
@@ -61,8 +61,8 @@ def prune_head(src: Path, dst_dir: Path, keep: np.ndarray, index_map: np.ndarray
     `src` with its head restricted to the drafter ids `keep` and the constant outputs added.
 
     Returns {"layout", "hidden", "vocab", "kept", "external_data", "head_shared_with_embedding"}."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    import onnx  # lazy: onnx is the [export] extra
+    from onnx import TensorProto, helper, numpy_helper  # lazy: onnx is the [export] extra
 
     src = Path(src)
     dst_dir = Path(dst_dir)
@@ -103,7 +103,7 @@ def prune_head(src: Path, dst_dir: Path, keep: np.ndarray, index_map: np.ndarray
 
 def _prune_float(graph, mm, w_init, layout, tp, bias, keep: np.ndarray, base: Path) -> tuple[int, int, bool]:
     """Replace a float head's weight by its kept columns; returns (hidden, vocab, weight still shared)."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # lazy: onnx is the [export] extra
 
     w = read_tensor(w_init, base)
     if w.ndim != 2:
@@ -144,7 +144,7 @@ def _prune_nbits(graph, mm, keep: np.ndarray, base: Path) -> tuple[int, int, boo
     """Keep the rows `keep` of a MatMulNBits head (B [N, blocks, blob], scales, zero points, bias are
     all indexed by the output column n); each output column is computed on its own, so the kept
     logits are bitwise those of the full head."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # lazy: onnx is the [export] extra
 
     inits = {t.name: t for t in graph.initializer}
     attrs = {a.name: a for a in mm.attribute}
@@ -177,7 +177,7 @@ def _prune_nbits(graph, mm, keep: np.ndarray, base: Path) -> tuple[int, int, boo
 def _stream_external(model, src_dir: Path, dst_dir: Path) -> None:
     """Save `model` with every external tensor copied, one at a time, into dst_dir/model.onnx.data;
     large inline tensors (the new head) go there too."""
-    import onnx
+    import onnx  # lazy: onnx is the [export] extra
 
     data_path = dst_dir / DATA_NAME
     maps: dict[str, tuple] = {}

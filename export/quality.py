@@ -145,7 +145,7 @@ def check_batch_invariance(onnx_path: Path, tokenizer_json: Path, progress: bool
                           f"(max |diff| {res['two_vs_wider_max_abs_diff']:.3g} between 2- and wider forwards): "
                           "speculative decoding would not be exact; use --accuracy-level 1")
     if res["min_forward_tokens"] > 1:
-        import onnx
+        import onnx  # lazy: onnx is the [export] extra
 
         if progress:
             print(f"edgespec: 1-token forwards of the quantized target differ by {res['one_vs_two_max_abs_diff']:.2g} "

@@ -152,7 +152,7 @@ def check_block_size(model, block_size: int, embedding: bool = True) -> None:
 def materialize_transposed_heads(model) -> int:
     """A tied head is `MatMul(x, Transpose(E))`; ORT's quantizer only takes a constant MatMul weight,
     so give such MatMuls a new initializer E^T (the embedding Gather keeps E). Returns the count."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # lazy: onnx is the [export] extra
 
     inits = {t.name: t for t in model.graph.initializer}
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -189,7 +189,7 @@ def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4", block_si
     """Quantize the float graph at `src_model_path` into `dst_model_path` (+ `<name>.data` when large).
 
     Returns the record the manifest keeps under `quantization`."""
-    import onnx
+    import onnx  # lazy: onnx is the [export] extra
 
     src, dst = Path(src_model_path), Path(dst_model_path)
     if scheme not in SCHEMES:
@@ -208,7 +208,7 @@ def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4", block_si
         raise ExportError(f"{src} is already quantized ({'; '.join(reasons)}); quantize the float export instead")
     external_src = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     if external_src:
-        from onnx.external_data_helper import load_external_data_for_model
+        from onnx.external_data_helper import load_external_data_for_model  # lazy: onnx is the [export] extra
 
         load_external_data_for_model(model, str(src.parent))
     tied = materialize_transposed_heads(model)
@@ -250,13 +250,13 @@ def _method(scheme: str) -> str:
 
 
 def _versions() -> dict:
-    import onnxruntime
+    import onnxruntime  # lazy: ORT loads on use
 
     return {"onnxruntime": onnxruntime.__version__}
 
 
 def _quantize_nbits(model, bits: int, block_size: int, accuracy_level: int | None, embedding: bool, symmetric: bool):
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer  # lazy: ORT loads on use
 
     ops = ("MatMul", "Gather") if embedding else ("MatMul",)
     q = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
@@ -268,8 +268,8 @@ def _quantize_nbits(model, bits: int, block_size: int, accuracy_level: int | Non
 
 def _quantize_dynamic(model, dst: Path):
     """quantize_dynamic writes a file; run it into a scratch dir next to dst and load the result."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    import onnx  # lazy: onnx is the [export] extra
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # lazy: ORT loads on use
 
     tmp = Path(tempfile.mkdtemp(prefix=".qdyn-", dir=dst.parent))
     try:
@@ -285,7 +285,7 @@ def _quantize_dynamic(model, dst: Path):
 
 def _save(model, dst: Path, force_external: bool = False) -> bool:
     """Write `dst` (+ `dst.name + '.data'` when large or when the source had external data)."""
-    import onnx
+    import onnx  # lazy: onnx is the [export] extra
 
     data = dst.with_name(dst.name + ".data")
     data.unlink(missing_ok=True)

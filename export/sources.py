@@ -55,7 +55,7 @@ def resolve(spec: str, progress: bool = True) -> ModelSource:
 
 def _from_hub(repo_id: str) -> ModelSource:
     try:  # lazy: comes with the [export] extra
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # lazy: comes with the [export] extra
     except ImportError as exc:
         raise ModelSourceError(f"hub id {repo_id!r} needs huggingface_hub (the [export] extra)") from exc
     try:

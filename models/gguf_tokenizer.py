@@ -28,6 +28,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
 from edgespec.errors import ModelSourceError
 
 CONVERTER = "edgespec-gguf-tokenizer"
@@ -227,8 +229,6 @@ def _unique_vocab(v: GGUFVocab) -> dict[str, int]:
 
 def build_tokenizer(v: GGUFVocab, special: SpecialTokens | None = None):
     """A tokenizers.Tokenizer equivalent to llama.cpp's tokenizer of this GGUF vocabulary."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-
     special = special or special_tokens(v)
     vocab = _unique_vocab(v)
     if v.model == "llama":

@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from edgespec.errors import ModelSourceError
 
 ENV = "EDGESPEC_LLAMA_TOKENIZE"
@@ -129,8 +131,6 @@ def reference_check(hf_dir: Path, gguf: Path, binary: Path | None = None) -> dic
 
     Returns the record to store; raises ModelSourceError if any line differs. Without a
     llama-tokenize binary, returns {"skipped": ...}."""
-    from tokenizers import Tokenizer
-
     binary = find_llama_tokenize(binary)
     if binary is None:
         return {"skipped": f"no llama-tokenize (set ${ENV} or put it on PATH)"}

@@ -132,9 +132,9 @@ def local_gguf(recipe: ModelRecipe) -> Path | None:
 def convert_gguf(gguf: Path, out_dir: Path, provenance: dict) -> Path:
     """GGUF -> HF directory (fp32 weights + fast tokenizer), written atomically."""
     try:  # lazy: the [export] extra; `edgespec models list` and the runtime need no torch
-        import torch
-        import transformers
-        from transformers import AutoModelForCausalLM
+        import torch  # lazy: the [export] extra
+        import transformers  # lazy: the [export] extra
+        from transformers import AutoModelForCausalLM  # lazy: the [export] extra
     except ImportError as exc:
         raise ModelSourceError(f"converting a GGUF needs the [export] extra (pip install 'edgespec[export]'): {exc}") from exc
     torch.set_num_threads(1)  # torch with 2 threads is pathological on these VMs (docs/facts.md)

@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from edgespec.calibrate.prompts import prompts_digest
 from edgespec.profiler.errors import BenchError
 from edgespec.profiler.settings import settings_dict
 
@@ -31,7 +32,6 @@ def prompts_sha256(spec: str, path: Path | None, prompts: list) -> str:
     """The prompts' content hash: sha256 of the file's bytes, or for the built-in set (path None) of the
     loaded prompts (ids, categories and texts)."""
     if path is None:
-        from edgespec.calibrate.prompts import prompts_digest
         return prompts_digest(prompts)
     try:
         return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()

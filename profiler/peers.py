@@ -47,7 +47,7 @@ class GenaiPeer:
 
     def __init__(self, target_dir: Path, threads: int | None):
         import onnx  # lazy: optional heavy dependencies (edgespec[export])
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og  # lazy: onnxruntime-genai: the [export] extra
 
         self.og = og
         self.scratch = tempfile.TemporaryDirectory(prefix="edgespec-peer-")
@@ -101,7 +101,7 @@ def make_peers(bundle, settings) -> dict:
     if settings.ep != "cpu":
         return skip(f"the peer row runs the CPU EP only, not {settings.ep}")
     try:
-        import onnxruntime_genai  # noqa: F401  (lazy: an optional heavy dependency)
+        import onnxruntime_genai  # noqa: F401  # lazy: onnxruntime-genai: the [export] extra
     except ImportError:
         return skip("onnxruntime-genai is not installed (pip install 'edgespec[export]')")
     target_dir = Path(bundle.target.onnx).parent

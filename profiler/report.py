@@ -230,9 +230,9 @@ def markdown(doc: dict) -> str:
 def plot_report(doc: dict, out: Path) -> list[str]:
     """PNG plots (file names relative to `out`); none when matplotlib is missing or nothing drafted."""
     try:  # lazy: the optional [bench] extra
-        import matplotlib
+        import matplotlib  # lazy: matplotlib is optional (plots only)
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
     except ImportError:
         print("edgespec: warning: matplotlib is not installed (pip install 'edgespec[bench]'): no plots",
               file=sys.stderr)
@@ -247,7 +247,7 @@ def plot_report(doc: dict, out: Path) -> list[str]:
 
 
 def _plot_speedup(plt, runs: list[dict], out: Path) -> str:
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # lazy: matplotlib is optional (plots only)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     curves = (("mbsu_time", "o-", "c_time"), ("mbsu_bytes", "s--", "c_bytes"), ("mbsu_params", "^:", "c_params"))

@@ -105,7 +105,7 @@ def _read_line(tty: bool, stdin) -> str:
     if not tty:
         return stdin.readline()
     try:
-        import readline  # noqa: F401  lazy: line editing and history for input(), where available
+        import readline  # noqa: F401  # lazy: line editing and history for input(); absent on Windows
     except ImportError:
         pass
     try:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from edgespec.serve.chat import run_chat
+from edgespec.serve.server import serve
+
 
 def _draft_length(value: str):
     if value == "auto":
@@ -60,10 +63,8 @@ def register(subparsers) -> None:
 
 
 def _serve(args) -> int:
-    from edgespec.serve.server import serve      # lazy: keeps `edgespec --help` light
     return serve(args)
 
 
 def _chat(args) -> int:
-    from edgespec.serve.chat import run_chat
     return run_chat(args)
