@@ -138,8 +138,11 @@ def test_export_carries_the_priors_into_the_bundle(tmp_path, tiny_models, tiny_e
     assert bd.affinity is not None and bd.affinity.shape == (320, bd.target.vocab_size)
     assert bd.affinity_info["estimator"] == "cooc"
     assert 0.0 <= bd.a_star <= 1.0 and bd.randomised["lambda"] == 0.5
-    res = SpeculativeDecoder(bd, strategy="tli", threads=1).generate("def f(x):", max_new_tokens=8)
-    assert len(res.token_ids) > 0
+    dec = SpeculativeDecoder(bd, strategy="rdk", threads=1)       # the calibrated prior and M at work
+    ar = dec.variant("ar").generate("def f(x):", max_new_tokens=8).token_ids
+    for strategy in ("rdk", "rdk-taylor", "tli"):
+        res = dec.variant(strategy).generate("def f(x):", max_new_tokens=8)
+        assert res.token_ids == ar and res.stats.drafted > 0, strategy
 
 
 @pytest.mark.parametrize("case,match", [

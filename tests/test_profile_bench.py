@@ -110,6 +110,33 @@ def test_bench_cli_report_is_consistent(tiny_self_bundle, prompts_file, tmp_path
             assert set(run["by_category"]) == {"code", "prose"}
 
 
+
+def test_report_fields_on_a_hand_worked_example():
+    """One prompt, by hand. ar: 10 tokens in 400 ms (TTFT 20), decode steps 38/40/42 ms. tli k=4: 10 tokens
+    in 200 ms (TTFT 20) over 3 verify forwards, 12 drafted, 6 accepted, drafter steps 5/6/7 ms.
+    speedup = (10/0.2 s) / (10/0.4 s) = 2; decode speedup = (9/0.18 s) / (9/0.38 s) = 38/18;
+    tau = 9 tokens after the first / 3 verifies = 3; c_time = 6/40 = 0.15, MBSU = 3 / (0.15*4 + 1) = 1.875,
+    realisation = 2 / 1.875 = 16/15; c_params = 250/1000, c_bytes = 100/400: MBSU = 3 / 2 = 1.5;
+    weights read = 4 target forwards x 400 B + 12 drafter forwards x 100 B = 2800 B in 0.2 s = 14 kB/s."""
+    from edgespec.profiler.aggregate import derived, repeat_summary
+    common = dict(prefill_tokens=1, ttft_ms=20.0, prefill_ms=20.0, draft_prefill_ms=0.0, reused_tokens=0,
+                  peak_rss_mb=1.0, overhead_ms=0.0, sampler_ms=0.0, verify_ms=0.0)
+    ar = dict(common, new_tokens=10, total_ms=400.0, drafted=0, accepted=0, verify_forwards=0, target_forwards=10,
+              draft_forwards=0, draft_ms=0.0, decode_ms_steps=[38.0, 40.0, 42.0])
+    tli = dict(common, new_tokens=10, total_ms=200.0, drafted=12, accepted=6, verify_forwards=3, target_forwards=4,
+               draft_forwards=12, draft_ms=18.0, draft_ms_steps=[5.0, 7.0, 6.0])
+    manifest = {"target": {"graph_params": 1000, "bytes_per_forward": 400},
+                "drafter": {"params_pruned": 250, "bytes_per_forward": 100}}
+    rep = repeat_summary([tli], [ar], 4, manifest)
+    assert rep["speedup"] == pytest.approx(2.0) and rep["decode_speedup"] == pytest.approx(38 / 18)
+    assert rep["tau"] == pytest.approx(3.0) and rep["acceptance_rate"] == pytest.approx(0.5)
+    assert rep["c_time"] == pytest.approx(0.15) and rep["bandwidth_gbs"] == pytest.approx(14e3 / 1e9)
+    out = derived({**rep, "draft_length": 4, "draft_length_setting": 4}, manifest, stream_gbs=28e3 / 1e9)
+    assert out["mbsu_time"] == pytest.approx(1.875) and out["realisation"] == pytest.approx(16 / 15)
+    assert out["c_params"] == out["c_bytes"] == pytest.approx(0.25)
+    assert out["mbsu_params"] == out["mbsu_bytes"] == pytest.approx(1.5)
+    assert out["bandwidth_fraction"] == pytest.approx(0.5)
+
 def test_variant_decoders_match_fresh_ones(tiny_hetero_bundle):
     """Decoders sharing sessions (bench, via SpeculativeDecoder.variant) decode exactly like fresh ones."""
     from edgespec.runtime.decoder import SpeculativeDecoder

@@ -1,6 +1,7 @@
 """`edgespec study randomised` (profiler/study/randomised.py): end to end on the tiny bundles, and the
 chain-aware prediction (`chain_weights`) against a simulation of the runtime's own chained rule."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ def test_end_to_end_on_the_self_bundle(tiny_self_bundle, prompts_file, tmp_path,
     assert doc["prompts"] == 4 and doc["settings"]["temperature"] == 1.0
     rows = {r["a"]: r for r in doc["rows"] if r["strategy"] == "tli"}
     assert sorted(rows) == [0.25, 0.5, 0.75, 1.0]
+    [ar_row] = [r for r in doc["rows"] if r["strategy"] == "ar"]
     assert len((out / "randomised.csv").read_text().splitlines()) == 1 + 4
     # Lemma 4.1 at a = 1 is vanilla SD's sum min(p, q), on the same positions
     check = doc["sd_check"]
@@ -47,7 +49,8 @@ def test_end_to_end_on_the_self_bundle(tiny_self_bundle, prompts_file, tmp_path,
                     "acceptance_verified", "acceptance_runtime"):
             assert -1e-9 <= r[key] <= 1 + 1e-9, (r["a"], key, r[key])
         assert r["accepted"] <= r["verified"] <= r["drafted"]
-        assert r["decode_tokens_per_s"] > 0 and r["speedup"] > 0
+        assert r["decode_tokens_per_s"] > 0
+        assert r["speedup"] == pytest.approx(r["decode_tokens_per_s"] / ar_row["decode_tokens_per_s"])
     assert all(x >= y - 1e-12 for x, y in zip(uniform, uniform[1:]))      # Lemma 4.1 decreases in a
     # the self pair (drafter = target pruned to 3/4): q = p / m on the kept set, so drafts are always
     # accepted once a <= m; at a = 1 the acceptance is the kept mass m < 1
@@ -115,3 +118,18 @@ def test_chain_weights_predict_the_chained_counts(a):
     pred = np.array(pred)
     z = (sim.mean(0) - pred.mean(0)) / np.sqrt(sim.var(0) / len(sim) + pred.var(0) / len(pred))
     assert np.all(np.abs(z) < 4.5), dict(zip(("drafted", "verified", "accepted"), z))
+
+
+def test_summary_speedup_is_decode_rate_over_ar_worked_example():
+    """By hand: ar decodes 30 + 10 tokens in 1 s + 1 s = 20 tok/s; a = 0.5 decodes 45 + 15 in 2 s =
+    30 tok/s: speedup 1.5. Acceptance: 6 accepted of 8 drafted = 0.75."""
+    from edgespec.profiler.study.randomised import summarise
+    zeros = dict(positions=1, verified=1, alpha_sum=0.5, w_alpha=0.5, w_sum=1, e_drafted=1, on_verified=0,
+                 on_accepted=0, on_alpha=0, on_var=0)
+    per = {"ar": [{"decode_tokens": 30, "decode_s": 1.0}, {"decode_tokens": 10, "decode_s": 1.0}],
+           0.5: [{**zeros, "decode_tokens": 45, "decode_s": 1.0, "drafted": 5, "accepted": 4},
+                 {**zeros, "decode_tokens": 15, "decode_s": 1.0, "drafted": 3, "accepted": 2}]}
+    ar, row = summarise(per, RandomisedConfig(bundle=Path("b"), out=Path("o"), a_values=[0.5]))
+    assert ar["decode_tokens_per_s"] == 20.0 and ar["speedup"] == 1.0
+    assert row["decode_tokens_per_s"] == 30.0 and row["speedup"] == 1.5
+    assert row["acceptance_runtime"] == 0.75
