@@ -36,7 +36,7 @@ from edgespec.runtime.prefix import PrefixCache
 from edgespec.runtime.randomised import SideRunner, draft_randomised
 from edgespec.runtime.rounds import Generation
 from edgespec.runtime.sampling import make_rng
-from edgespec.runtime.sessions import check_threads, create_session
+from edgespec.runtime.sessions import check_threads, create_sessions
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.strategies import choose_auto, get_strategy
 from edgespec.runtime.text import TextState
@@ -74,22 +74,27 @@ class SpeculativeDecoder:
             raise GenerationError(f"bundle {bundle.path} has no drafter: strategy {strat.name!r} needs one; use "
                                   "strategy 'ngram' (prompt lookup) or 'ar', or export a pair")
         uses_drafter = config.strategy.uses_drafter
+        if uses_drafter and config.strategy.check:      # refuse before paying for the sessions
+            config.strategy.check(bundle, dict(config.options))
+        # alone (no drafter session), the target's threads keep spinning between steps (sessions.py);
+        # a pair's two sessions are built at the same time (create_sessions: the cold start's largest part)
+        requests = [dict(model_path=bundle.target.onnx, ep=ep, threads=threads, allow_fallback=allow_fallback,
+                         role="target", stop_spinning=uses_drafter)]
+        if uses_drafter:
+            requests.append(dict(model_path=bundle.drafter.onnx, ep=ep if draft_ep is None else draft_ep,
+                                 threads=threads if draft_threads is None else draft_threads,
+                                 allow_fallback=allow_fallback, role="drafter"))
+        sessions = create_sessions(requests)
         tinfo = bundle.target.info
-        # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
-        sess, self.target_session_info = create_session(bundle.target.onnx, ep, threads, allow_fallback, "target",
-                                                        stop_spinning=uses_drafter)
+        sess, self.target_session_info = sessions[0]
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
         self.drafter = None
         self.drafter_session_info = None
         self.text_context = None
         if uses_drafter:
-            if config.strategy.check:      # refuse before paying for the drafter session
-                config.strategy.check(bundle, dict(config.options))
             dinfo = bundle.drafter.info
-            sess, self.drafter_session_info = create_session(
-                bundle.drafter.onnx, ep if draft_ep is None else draft_ep,
-                threads if draft_threads is None else draft_threads, allow_fallback, "drafter")
+            sess, self.drafter_session_info = sessions[1]
             self.drafter = ModelRunner(sess, "drafter", int(dinfo.get("max_position") or 0) or None, exact=False)
             self._check_runner(self.drafter, dinfo, bundle.kept, "drafter")
             self._check_constant_outputs()

@@ -155,3 +155,22 @@ def test_unloadable_graph_is_a_bundle_error(tmp_path):
     with pytest.raises(BundleError, match="ONNX Runtime cannot load") as exc:
         create_session(bad, "cpu", threads=1)
     assert "\n" not in str(exc.value)
+
+
+def test_pair_sessions_build_together_and_report_the_failing_one(tiny_same_bundle, tmp_path):
+    """create_sessions: the CPU pair is built concurrently, in request order, with the same errors as
+    create_session (the failing request's role in a one-line message)."""
+    from edgespec.errors import BundleError
+    from edgespec.runtime.sessions import create_sessions
+
+    good = tiny_same_bundle / "target" / "model.onnx"
+    bad = tmp_path / "model.onnx"
+    bad.write_bytes(b"not a graph")
+    (t, ti), (d, di) = create_sessions([dict(model_path=good, threads=1, role="target"),
+                                        dict(model_path=tiny_same_bundle / "drafter" / "model.onnx", threads=1,
+                                             role="drafter")])
+    assert t._model_path.endswith("target/model.onnx") and d._model_path.endswith("drafter/model.onnx")
+    with pytest.raises(BundleError, match="drafter: ONNX Runtime cannot load") as exc:
+        create_sessions([dict(model_path=good, threads=1, role="target"),
+                         dict(model_path=bad, threads=1, role="drafter")])
+    assert "\n" not in str(exc.value)
