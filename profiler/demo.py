@@ -1,22 +1,30 @@
-"""`edgespec demo` (what `make demo` runs): pull -> calibrate -> export -> bench -> print the report.
+"""`edgespec demo` (what `make demo` runs): the product as deployed, end to end, resumable.
 
 1. pull the pair's models (`edgespec models pull`; cached once converted);
-2. calibrate on target-generated completions of HumanEval's calib split, with a bounded token budget
-   (`edgespec calibrate --source target`), keeping the pair's K tokens;
-3. export the bundle with that vocabulary (`edgespec export --vocab`; single-model ONNX exports are
-   cached, so a re-export only re-prunes);
-4. bench on a few prompts of HumanEval's test split (disjoint from calib): ar against tli, greedy;
-5. print the report table and the plot paths.
-Each step runs as its own `python -m edgespec` process (a 1.5B export peaks near 15 GB; the bench must
-not inherit that). A step whose inputs (its command line and the digest of what it reads) match the
-last successful run, and whose outputs still exist, is skipped: a second run reuses everything.
+2. export the target alone in int4 (`edgespec export --target T --quantize int4`): the model builder's
+   graph, cached under <edgespec cache>/onnx, so step 4 reuses it;
+3. calibrate on completions the int4 ONNX target generates (`edgespec calibrate --target-bundle`, about
+   10x faster than torch fp32) for the calib split of the prompt set, keeping the pair's K tokens;
+4. export the pair in int4 with that vocabulary (the target graph comes from the cache; the drafter is
+   built and pruned; the int4 target's quality is checked against the fp32 graph);
+5. bench on prompts of the test split (disjoint from step 3's): `ar`, `ar-fast` (the fastest plain
+   decoding, the speed baseline), `auto` (strategy and draft length chosen by the runtime) and, when
+   onnxruntime-genai is importable, its own generator on the same graph (`--peers`), greedy;
+6. print a one-screen summary: decode tok/s and speedups, the lossless check, where the time went, the
+   plot paths.
+Each step runs as its own `python -m edgespec` process (an export must not leave its memory to the
+bench). A step whose inputs (its command line and the digest of what it reads) match the last
+successful run, and whose outputs still exist, is skipped: a second run reuses everything. An
+interrupted step is the only one redone; an interrupted bench continues its journal (`--resume`).
 State: OUT/demo-state.json. OUT defaults to <edgespec cache>/demo/<pair>.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -25,27 +33,46 @@ from pathlib import Path
 from edgespec.models import default_pair, get_pair
 from edgespec.paths import cache_home, models_dir
 from edgespec.profiler.errors import BenchError
-from edgespec.profiler.report import lossless_line, table
+from edgespec.profiler.report import lossless_line
 from edgespec.runtime.manifest import MANIFEST
 
 STATE = "demo-state.json"
 
 
 def register_demo(subparsers, csv_list, int_list) -> None:
-    p = subparsers.add_parser("demo", help="pull, calibrate, export and bench a pair end to end (make demo)",
+    p = subparsers.add_parser("demo", help="pull, export, calibrate and bench a pair in int4, end to end (make demo)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pair", help="pair recipe (default: the default pair, qwen-coder); smollm-self is quick")
     p.add_argument("--out", type=Path, help="demo directory (default <cache>/demo/<pair>)")
+    p.add_argument("--quantize", default="int4", choices=["int4", "none"], help="graphs' precision (default int4)")
+    p.add_argument("--prompt-set", default=None, metavar="humaneval|FILE.jsonl",
+                   help="prompts: calibration on the calib split, bench on the test split (default: the repository's "
+                        "benchmarks/heldout13.jsonl, 13 task categories; humaneval where it is absent)")
     p.add_argument("--calib-tokens", type=int, default=1024, help="target-generated calibration tokens (default 1024)")
+    p.add_argument("--calib-new-tokens", type=int, default=96,
+                   help="calibration tokens per prompt (default 96: the budget spreads over the categories)")
     p.add_argument("--keep", type=int, help="kept drafter tokens (default: the pair's)")
     p.add_argument("--affinity", choices=["cooc", "cov"], help="also estimate M (enables the rdk strategy)")
-    p.add_argument("--prompts", type=int, default=5, help="held-out HumanEval prompts to bench (default 5)")
+    p.add_argument("--prompts", type=int, default=4, help="test-split prompts to bench (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--strategies", type=csv_list, default=["ar", "tli"])
-    p.add_argument("--draft-length", type=int_list, default=[2, 4])
+    p.add_argument("--strategies", type=csv_list, default=["ar", "auto"])
+    p.add_argument("--draft-length", type=int_list, default=["auto"])
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2, help="ORT threads for calibration and bench (default 2)")
+    p.add_argument("--no-peers", action="store_true", help="skip onnxruntime-genai's row even where it is importable")
     p.add_argument("--remeasure", action="store_true", help="re-run the bench even if its inputs are unchanged")
     p.set_defaults(func=run_demo)
+
+
+HELDOUT = Path(__file__).resolve().parents[1] / "benchmarks" / "heldout13.jsonl"
+
+
+def default_prompt_set() -> str:
+    return str(HELDOUT) if HELDOUT.is_file() else "humaneval"
+
+
+def peers_importable() -> bool:
+    return importlib.util.find_spec("onnxruntime_genai") is not None
 
 
 def _digest(*parts) -> str:
@@ -71,14 +98,27 @@ class Steps:
             self.state = {}
         self.times: dict[str, float] = {}
 
+    def _save(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1) + "\n")
+        tmp.replace(self.path)
+
     def run(self, name: str, argv: list[str], key: str, outputs: list[Path], force: bool = False,
-            stdout=None) -> bool:
-        """Returns True if the step ran, False if it was reused."""
+            stdout=None, resume: list[str] | None = None, fresh=None) -> bool:
+        """Returns True if the step ran, False if it was reused. `resume`: arguments added when the last
+        attempt of this step with the same key was interrupted (a journaled step continues); `fresh()`
+        runs before a step that starts over (e.g. clears what an earlier run left)."""
         done = self.state.get(name, {})
         if not force and done.get("key") == key and all(p.exists() for p in outputs):
             print(f"edgespec demo: [{name}] reused (inputs unchanged)", file=sys.stderr)
             self.times[name] = 0.0
             return False
+        if resume and not force and done.get("started_key") == key:
+            argv = [*argv, *resume]
+        elif fresh is not None:
+            fresh()
+        self.state[name] = {"started_key": key}
+        self._save()
         print(f"edgespec demo: [{name}] edgespec {' '.join(argv)}", file=sys.stderr)
         t0 = time.time()
         proc = subprocess.run([sys.executable, "-m", "edgespec", *argv], stdout=stdout)
@@ -88,7 +128,7 @@ class Steps:
                              "`edgespec demo` (finished steps are reused)")
         self.state[name] = {"key": key, "seconds": round(self.times[name], 1),
                             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        self.path.write_text(json.dumps(self.state, indent=1) + "\n")
+        self._save()
         return True
 
 
@@ -100,35 +140,67 @@ def run_demo(args) -> int:
     except OSError as exc:
         raise BenchError(f"demo directory {out} is not writable ({exc.strerror or exc})") from None
     keep = args.keep or pair.keep
-    vocab, bundle, report = out / "vocab.json", out / "bundle", out / "report"
+    prompt_set = args.prompt_set or default_prompt_set()
+    prompts_key = _file_digest(Path(prompt_set)) if Path(prompt_set).is_file() else prompt_set
+    vocab, target, bundle, report = out / "vocab.json", out / "target", out / "bundle", out / "report"
+    quant = ["--quantize", args.quantize]
     steps = Steps(out)
     t0 = time.time()
 
     pulled = [models_dir() / m / "config.json" for m in dict.fromkeys((pair.target, pair.drafter))]
     steps.run("pull", ["models", "pull", pair.name], _digest(pair.name, "pull"), pulled)
-    calib = ["calibrate", "--pair", pair.name, "--source", "target", "--prompts", "humaneval", "--split", "calib",
-             "--max-tokens", str(args.calib_tokens), "--keep", str(keep), "--out", str(vocab)]
+    export_target = ["export", "--target", pair.target, *quant, "--quality-tokens", "0", "--out", str(target)]
+    steps.run("export-target", export_target, _digest(export_target), [target / MANIFEST])
+    calib = ["calibrate", "--pair", pair.name, "--target-bundle", str(target), "--source", "target", "--prompts",
+             prompt_set, "--split", "calib", "--max-tokens", str(args.calib_tokens), "--max-new-tokens",
+             str(args.calib_new_tokens), "--threads", str(args.threads), "--keep", str(keep), "--out", str(vocab)]
     if args.affinity:
         calib += ["--affinity", args.affinity]
-    steps.run("calibrate", calib, _digest(calib), [vocab])
-    export = ["export", "--pair", pair.name, "--vocab", str(vocab), "--out", str(bundle)]
+    steps.run("calibrate", calib, _digest(calib, prompts_key, _file_digest(target / MANIFEST)), [vocab])
+    export = ["export", "--pair", pair.name, "--vocab", str(vocab), *quant, "--out", str(bundle)]
     steps.run("export", export, _digest(export, _file_digest(vocab)), [bundle / MANIFEST])
-    bench = ["bench", "--bundle", str(bundle), "--prompts", "humaneval", "--split", "test", "--limit",
+    bench = ["bench", "--bundle", str(bundle), "--prompts", prompt_set, "--split", "test", "--limit",
              str(args.prompts), "--strategies", ",".join(args.strategies), "--draft-length",
              ",".join(map(str, args.draft_length)), "--max-new-tokens", str(args.max_new_tokens), "--temperature", "0",
-             "--repeats", str(args.repeats), "--report", str(report)]
-    steps.run("bench", bench, _digest(bench, _file_digest(bundle / MANIFEST)), [report / "report.json"],
-              force=args.remeasure, stdout=subprocess.DEVNULL)     # its table is printed below
-    _print_summary(report, steps.times, time.time() - t0)
+             "--repeats", str(args.repeats), "--threads", str(args.threads), "--report", str(report)]
+    if peers_importable() and not args.no_peers:
+        bench.append("--peers")
+    steps.run("bench", bench, _digest(bench, prompts_key, _file_digest(bundle / MANIFEST)), [report / "report.json"],
+              force=args.remeasure, stdout=subprocess.DEVNULL,    # its table is printed below
+              resume=["--resume"] if (report / "records.jsonl").is_file() else None,
+              fresh=lambda: shutil.rmtree(report, ignore_errors=True))       # the bench refuses an old journal
+    print(summary(json.loads((report / "report.json").read_text()), report, steps.times, time.time() - t0))
     return 0
 
 
-def _print_summary(report: Path, times: dict, total_s: float) -> None:
-    doc = json.loads((report / "report.json").read_text())
-    print(table(doc))
-    print("\n" + lossless_line(doc))
-    print(f"\nreport: {report / 'report.md'}")
-    for name in doc.get("plots", []):
-        print(f"plot:   {report / name}")
+def summary(doc: dict, report: Path, times: dict, total_s: float) -> str:
+    """One screen: speeds against the baseline, the lossless check, where the time went, the files."""
+    b, st = doc["bundle"], doc["settings"]
+    runs = doc["runs"]
+    base = next((r["strategy"] for r in runs if r["strategy"] == "ar-fast"), "ar")
+    lines = [f"edgespec demo: pair {b['pair']}, drafter keeps {b['kept']} tokens; {len(st['prompts_used'])} held-out "
+             f"prompt(s) ({Path(str(st['prompts'])).name}, split {st['split']}) x {st['max_new_tokens']} new tokens, "
+             f"greedy", "",
+             f"{'row':<20}{'decode tok/s':>13}{'decode x':>10}{'e2e tok/s':>11}{'e2e x':>8}{'accept':>8}{'mean γ':>8}"]
+    for r in runs:
+        label = r["strategy"] + (" (baseline)" if r["strategy"] == base else "")
+        lines.append(f"{label:<20}{_f(r.get('decode_tokens_per_s')):>13}{_f(r.get('decode_speedup')):>10}"
+                     f"{_f(r.get('tokens_per_s')):>11}{_f(r.get('speedup')):>8}{_f(r.get('acceptance_rate')):>8}"
+                     f"{_f(r.get('mean_gamma')):>8}")
+    lines += [f"x = speedup against {base}, the fastest plain decoding of this graph: 'decode' after the first token "
+              "(decode rate), 'e2e' with the prefill (end to end).", "", lossless_line(doc), "",
+              "where the time went, ms per generated token (drafter prefill: ms per prompt):",
+              f"{'row':<20}{'prefill':>9}{'drafter prefill':>17}{'draft':>8}{'verify':>8}{'overhead':>10}"]
+    for r in runs:
+        lines.append(f"{r['strategy']:<20}{_f(r.get('prefill_ms_per_token'), '.1f'):>9}"
+                     f"{_f(r.get('draft_prefill_ms') or None, '.0f'):>17}{_f(r.get('draft_ms_per_token'), '.1f'):>8}"
+                     f"{_f(r.get('verify_ms_per_token'), '.1f'):>8}{_f(r.get('overhead_ms_per_token'), '.2f'):>10}")
+    lines += ["", f"report: {report / 'report.md'}"]
+    lines += [f"plot:   {report / name}" for name in doc.get("plots", [])]
     steps = ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
-    print(f"\ndemo finished in {total_s:.0f} s ({steps})")
+    lines.append(f"\ndemo finished in {total_s:.0f} s ({steps})")
+    return "\n".join(lines)
+
+
+def _f(x, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
