@@ -192,6 +192,10 @@ def summary(doc: dict, report: Path, times: dict, total_s: float) -> str:
               "where the time went, ms per generated token (drafter prefill: ms per prompt):",
               f"{'row':<20}{'prefill':>9}{'drafter prefill':>17}{'draft':>8}{'verify':>8}{'overhead':>10}"]
     for r in runs:
+        if not r.get("verify_ms_per_token"):          # a peer's own generator: no per-part timing
+            lines.append(f"{r['strategy']:<20}  (its own generator: {_f(r.get('tpot_ms'), '.1f')} ms per token after "
+                         "the first, no breakdown)")
+            continue
         lines.append(f"{r['strategy']:<20}{_f(r.get('prefill_ms_per_token'), '.1f'):>9}"
                      f"{_f(r.get('draft_prefill_ms') or None, '.0f'):>17}{_f(r.get('draft_ms_per_token'), '.1f'):>8}"
                      f"{_f(r.get('verify_ms_per_token'), '.1f'):>8}{_f(r.get('overhead_ms_per_token'), '.2f'):>10}")
