@@ -110,7 +110,8 @@ def _fix_embed_scale(model, hidden_size: int) -> float | None:
     from onnx import numpy_helper
 
     consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant" and n.output}
-    gathers = {n.output[0] for n in model.graph.node if n.op_type == "Gather" and n.input and n.input[1] == "input_ids"}
+    gathers = {n.output[0] for n in model.graph.node if n.op_type in ("Gather", "GatherBlockQuantized")   # int4: quantized table
+               and len(n.input) > 1 and n.input[1] == "input_ids"}
     exact = np.float32(np.sqrt(hidden_size))
     for n in model.graph.node:
         if n.op_type != "Mul" or not gathers.intersection(n.input):

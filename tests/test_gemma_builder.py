@@ -69,3 +69,18 @@ def test_gemma3_with_another_layer_pattern_is_not_given_to_the_builder(tiny_gemm
     cfg["layer_types"] = ["sliding_attention", "full_attention"] * 3
     (other / "config.json").write_text(json.dumps(cfg))
     assert "every-6th-layer" in eb.unsupported_reason(other)
+
+
+@pytest.mark.parametrize("gather", ["Gather", "GatherBlockQuantized"])
+def test_embedding_scale_fix_finds_the_plain_and_the_int4_embedding_table(gather):
+    """int4 builds gather Gemma's tied table with GatherBlockQuantized; the scale after it must be fixed too
+    (before: 'no embedding-scale constant to correct' after a 6-minute build)."""
+    from onnx import helper, numpy_helper
+
+    scale = helper.make_node("Constant", [], ["s"], value=numpy_helper.from_array(np.array(25.3, np.float32), "v"))
+    inputs = ["table", "input_ids"] + (["scales"] if gather != "Gather" else [])
+    nodes = [scale, helper.make_node(gather, inputs, ["e"]), helper.make_node("Mul", ["e", "s"], ["h"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [], []))
+    assert eb._fix_embed_scale(model, 640) == pytest.approx(25.3)
+    fixed = numpy_helper.to_array(model.graph.node[0].attribute[0].t)
+    assert fixed == np.float32(np.sqrt(640)) and fixed != np.float32(25.3)
