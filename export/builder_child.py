@@ -1,10 +1,7 @@
 """The model builder's child process, with its memory peak cut and its output bytes unchanged.
 
 `python -m edgespec.export.builder_child ARGS` runs `python -m onnxruntime_genai.models.builder ARGS`
-(export/builder.py starts it) after three patches that only change *when* memory is used and freed:
-
-0. The HF checkpoint is read tensor by tensor with plain reads, not memory-mapped
-   (export/safetensors_reader.py): the shard pages no longer sit in the RSS during the load.
+(export/builder.py starts it) after two patches that only change *when* memory is freed:
 
 1. Quantized precisions (int4/int8): the builder holds the model's float weights as torch tensors in
    its ONNX IR graph, then copies the whole graph into one ModelProto (`ir.to_proto`) for ORT's
@@ -92,17 +89,7 @@ def _patch_to_nbits() -> None:
     base.Model.to_nbits = to_nbits
 
 
-def _patch_safetensors_loading() -> None:
-    """transformers reads the checkpoint with plain reads, not a memory map (export/safetensors_reader.py)."""
-    from transformers import modeling_utils
-
-    from edgespec.export.safetensors_reader import PlainReader
-
-    modeling_utils.safe_open = PlainReader
-
-
 def main(argv: list[str]) -> None:
-    _patch_safetensors_loading()
     _patch_k_quant()
     _patch_to_nbits()
     import runpy
