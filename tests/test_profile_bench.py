@@ -469,7 +469,7 @@ def test_argument_checks_come_before_any_session(tiny_self_bundle, prompts_file,
 
     def no_session(*a, **k):
         raise AssertionError("a session was created before the arguments were checked")
-    monkeypatch.setattr(decoder_module, "create_session", no_session)
+    monkeypatch.setattr(decoder_module, "create_sessions", no_session)
     for kw, err, msg in (
             (dict(draft_lengths=[65]), BenchError, "draft-length"),
             (dict(draft_lengths=[2, "auto", "auto"]), BenchError, "twice"),
