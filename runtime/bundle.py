@@ -29,14 +29,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
-from tokenizers import __version__ as tokenizers_version
 
 from edgespec.errors import BundleError, GenerationError
 from edgespec.hashing import DigestMemory
+from edgespec.runtime.bundle_tokenizer import TOKENIZER_FIXED_IN, load_tokenizer, stale_gguf_tokenizer  # noqa: F401
 from edgespec.runtime.manifest import SIDES, check_io, check_required_files, is_target_only, read_manifest, shown
 from edgespec.runtime.rdk import Affinity
-from edgespec.runtime.vocab import vocab_hash
 
 FAST_HASH_LIMIT = 64 * 1024**2
 VERIFY_MODES = ("full", "fast", "none")
@@ -44,7 +42,6 @@ VERIFY_MODES = ("full", "fast", "none")
 # transformers 4.57's conversion of Gemma's GGUF tokenizer: a Unigram model over what is a
 # SentencePiece BPE vocabulary, which tokenizes differently from the model's own tokenizer
 # (" the" -> "▁t he"). Those are refused; this is the first version with the fix.
-TOKENIZER_FIXED_IN = "0.1.1"
 
 
 @dataclass
@@ -318,7 +315,7 @@ def _load_side(root: Path, manifest: dict, side: str, memory: DigestMemory | Non
     io = info["io"]
     check_io(root, side, io)
     tok_path = bundle_file(root, manifest, f"{side}/tokenizer.json", f"{side} tokenizer")
-    tok, have = _load_tokenizer(root, side, tok_path, memory, {} if tokenizers is None else tokenizers)
+    tok, have = load_tokenizer(root, side, tok_path, memory, {} if tokenizers is None else tokenizers)
     want = info["tokenizer"]["vocab_hash"]
     if have != want:
         raise BundleError(f"bundle {root}: {side}/tokenizer.json is not the {side} tokenizer this bundle was exported "
@@ -331,39 +328,6 @@ def _load_side(root: Path, manifest: dict, side: str, memory: DigestMemory | Non
         except (OSError, ValueError) as exc:
             raise BundleError(f"bundle {root}: {side}/chat_template.jinja is unreadable ({exc})") from exc
     return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer=tok, chat_template=tpl, io=io)
-
-
-def _load_tokenizer(root: Path, side: str, path: Path, memory: DigestMemory | None, loaded: dict):
-    """(Tokenizer, its vocab_hash). With a digest memory (verify "full"/"fast": the file was hashed), a file
-    whose digest was loaded already is not parsed again, and the vocab hash is remembered with the digest."""
-    digest = memory.sha256(path) if memory is not None else None
-    if digest is not None and digest in loaded:
-        return loaded[digest]
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as exc:  # tokenizers raises plain Exception on a bad file
-        raise BundleError(f"bundle {root}: {side}/tokenizer.json cannot be loaded "
-                          f"({' '.join(str(exc).split())[:120]})") from exc
-    stale = stale_gguf_tokenizer(tok)
-    if stale:
-        raise BundleError(f"bundle {root}: its {side} tokenizer is {stale}; re-export with edgespec >= "
-                          f"{TOKENIZER_FIXED_IN}")
-    have = (memory.derived(path, f"vocab_hash@tokenizers-{tokenizers_version}", lambda: vocab_hash(tok))
-            if memory is not None else vocab_hash(tok))
-    if digest is not None:
-        loaded[digest] = (tok, have)
-    return tok, have
-
-
-def stale_gguf_tokenizer(tok) -> str | None:
-    """Why `tok` is a known-wrong GGUF conversion (None if it is not): a Unigram model over Gemma's
-    vocabulary (its turn markers and SentencePiece byte pieces). Gemma's real tokenizer is BPE with byte
-    fallback, so only transformers' GGUF conversion (#41494) produces this combination."""
-    if type(tok.model).__name__ != "Unigram":
-        return None
-    if all(tok.token_to_id(t) is not None for t in ("<start_of_turn>", "<end_of_turn>", "<0x00>", "<0xFF>")):
-        return "the wrong Gemma tokenizer of transformers' GGUF conversion (Unigram instead of BPE)"
-    return None
 
 
 def _why(exc: BaseException) -> str:
