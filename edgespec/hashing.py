@@ -65,36 +65,44 @@ class DigestMemory:
 
     def __init__(self, path: Path | None = None):
         self.path = path or _cache_file()
-        self.entries = _read_cache(self.path)
+        self.entries = _read_cache(self.path)       # what is saved: settled files only
+        self.fresh: dict = {}                       # files hashed here but too recently written to save
         self.changed = False
 
-    def sha256(self, file: str | Path) -> str:
-        file = Path(file)
+    def _entry(self, file: Path) -> tuple[str, list[int], dict | None]:
+        """(key, identity, the entry recorded for this very identity or None)."""
         key = str(file.resolve())
         ident = _identity(file.stat())
-        entry = self.entries.get(key)
-        if isinstance(entry, dict) and entry.get("id") == ident and isinstance(entry.get("sha256"), str):
+        entry = self.entries.get(key) or self.fresh.get(key)
+        ok = isinstance(entry, dict) and entry.get("id") == ident and isinstance(entry.get("sha256"), str)
+        return key, ident, entry if ok else None
+
+    def sha256(self, file: str | Path) -> str:
+        key, ident, entry = self._entry(Path(file))
+        if entry is not None:
             return entry["sha256"]
         digest = sha256_file(file)
-        # Remember it only if unchanged while being read and not "racily clean" (as git says): the kernel's
-        # timestamps are coarse (a tick of a few ms), so a write just after a recent one may not move ctime.
-        if _identity(file.stat()) == ident and time.time_ns() - ident[4] > _SETTLED_NS:
-            self.entries.pop(key, None)
+        if _identity(Path(file).stat()) != ident:     # changed while being read: remember nothing
+            return digest
+        # Saved only if not "racily clean" (as git says): the kernel's timestamps are coarse (a tick of a
+        # few ms), so a write just after a recent one may not move ctime. Either way this load reuses it.
+        if time.time_ns() - ident[4] > _SETTLED_NS:
+            self.entries.pop(key, None)             # re-inserted last: the record keeps the most recent
             self.entries[key] = {"id": ident, "sha256": digest}
             self.changed = True
+        else:
+            self.fresh[key] = {"id": ident, "sha256": digest}
         return digest
 
     def derived(self, file: str | Path, name: str, compute):
         """compute() (a str or number that depends on the file's content alone), remembered beside the
         file's digest once the file has one here."""
-        file = Path(file)
-        key = str(file.resolve())
-        entry = self.entries.get(key)
-        if not (isinstance(entry, dict) and entry.get("id") == _identity(file.stat())):
+        key, _, entry = self._entry(Path(file))
+        if entry is None:
             return compute()
         if name not in entry:
             entry[name] = compute()
-            self.changed = True
+            self.changed = self.changed or key in self.entries
         return entry[name]
 
     def save(self) -> None:
