@@ -22,11 +22,11 @@ from edgespec.calibrate import priors
 from edgespec.calibrate import select as sel
 from edgespec.calibrate.counts import (TokenCounter, _open_binary, count_corpus, expand_inputs, is_jsonl,
                                        map_counts, sha256_file)
+from edgespec.calibrate.forced_priors import teacher_forced_priors
 from edgespec.calibrate.generate import BundleGenerator, generate_corpus, load_generations, save_generations
-from edgespec.calibrate.models import resolve_models
 from edgespec.calibrate.output import AtomicOutput, file_digests, output_paths, save_npz, versions
+from edgespec.calibrate.pair import resolve_models
 from edgespec.calibrate.prompts import load_prompts, prompts_digest
-from edgespec.calibrate.tfpass import teacher_forced_priors
 from edgespec.errors import CalibrationError, EdgespecError
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.manifest import manifest_sha256

@@ -34,11 +34,11 @@ import numpy as np
 from tqdm import tqdm
 
 from edgespec.calibrate.counts import expand_inputs
-from edgespec.calibrate.models import resolve_models
+from edgespec.calibrate.forced_logits import OrtLogits, text_sequences
+from edgespec.calibrate.forced_priors import sample_raw_texts
+from edgespec.calibrate.pair import resolve_models
 from edgespec.calibrate.priors import ESTIMATORS, make_estimator, unigram_prior
 from edgespec.calibrate.prompts import load_prompts
-from edgespec.calibrate.tfpass import sample_raw_texts
-from edgespec.calibrate.teacher import OrtLogits, text_sequences
 from edgespec.paths import exports_dir
 from edgespec.profiler import mbsu as M
 from edgespec.profiler.study import report as study_report
@@ -79,7 +79,7 @@ class StudyConfig:
     seed: int = 0
     progress: bool = True
     command: str = ""
-    chat: bool | None = False       # read by calibrate.models.resolve_models
+    chat: bool | None = False       # read by calibrate.pair.resolve_models
 
 
 def check_config(cfg: StudyConfig) -> None:

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.calibrate.models import resolve_models
+from edgespec.calibrate.forced_logits import text_sequences
+from edgespec.calibrate.pair import resolve_models
 from edgespec.calibrate.prefix_affinity import MAX_KEY_BYTES, TokenStructure
-from edgespec.calibrate.teacher import text_sequences
 from edgespec.profiler.study.acceptance import StudyConfig, study_texts
 from edgespec.profiler.study.samplers import overlap
 from edgespec.runtime.sampling import softmax

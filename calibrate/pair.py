@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.calibrate.forced_logits import OrtLogits, TorchLogits
 from edgespec.calibrate.generate import BundleGenerator, TorchGenerator
 from edgespec.calibrate.select import always_kept
-from edgespec.calibrate.teacher import OrtLogits, TorchLogits
 from edgespec.errors import CalibrationError
 from edgespec.export.sources import resolve
 from edgespec.models import get_pair

@@ -1,4 +1,6 @@
 """Teacher-forced passes: target p and drafter q' at the same positions, for the affinity M and a*.
+(The mechanism: aligned positions, both models' logits, p and q' per position; forced_priors.py picks the
+sequences and builds M and a* from what a pass yields.)
 
 A calibration sequence is run through both models (with the KV cache, in windows of `window` tokens,
 so the logits held at once are [window, V]) and every position that predicts a calibration token

@@ -1,11 +1,11 @@
-"""Teacher-forced passes: text alignment between tokenizers and windowed logits (edgespec.calibrate.teacher)."""
+"""Teacher-forced passes: text alignment between tokenizers and windowed logits (edgespec.calibrate.forced_logits)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import tinymodels
-from edgespec.calibrate import teacher as tf
+from edgespec.calibrate import forced_logits as tf
 
 TEXT = tinymodels.ENGLISH + tinymodels.CODE
 

@@ -1,4 +1,5 @@
 """The teacher-forced part of a calibration: sequences -> (p, q') positions -> affinity M and a*.
+(The passes themselves, with their logits and alignment, are forced_logits.py's.)
 
 Calibration sequences per source, with the positions budget (--tf-positions) split by the mix weights:
   target/drafter  the generated completions after their prompts (only generated tokens are positions);
@@ -18,7 +19,7 @@ from edgespec.calibrate.counts import SkipFile, expand_inputs, iter_file_documen
 from edgespec.calibrate.output import write_json
 from edgespec.calibrate.priors import (IDENTITY_GRID, acceptance_on, make_estimator, mix_identity, save_affinity,
                                        top_entries)
-from edgespec.calibrate.teacher import (AStarFeed, ByteOffsets, aligned_generation, aligned_sequence, run_pass,
+from edgespec.calibrate.forced_logits import (AStarFeed, ByteOffsets, aligned_generation, aligned_sequence, run_pass,
                                         same_tokenizer_sequence)
 from edgespec.errors import CalibrationError
 
