@@ -40,6 +40,7 @@ from edgespec.errors import ExportError
 from edgespec.export import onnx_export as ox
 from edgespec.export.graph_info import io_names, weight_stats
 from edgespec.export.quality import check_batch_invariance
+from edgespec.export.workdirs import KEY_RE, fix_modes, owned_tmpdir, remove_stale_tmpdirs
 from edgespec.hashing import sha256_file
 from edgespec.paths import exports_dir
 from edgespec.runtime.kv import KV_KEY
@@ -149,12 +150,12 @@ def build_model(hf_dir: Path, source_sha256: str, name: str = "model", precision
     cache = Path(cache) if cache is not None else exports_dir()
     fixes = graph_fixes(Path(hf_dir))
     final = cache / build_key(source_sha256, precision, ep, options, fixes)
-    ox.remove_stale_tmpdirs(cache, ox.KEY_RE + r"\.tmp-", progress)        # killed builds' leftovers
-    ox.remove_stale_tmpdirs(cache, r"\." + ox.KEY_RE + r"\.tmp-", progress, suffix=".builder.log")
+    remove_stale_tmpdirs(cache, KEY_RE + r"\.tmp-", progress)        # killed builds' leftovers
+    remove_stale_tmpdirs(cache, r"\." + KEY_RE + r"\.tmp-", progress, suffix=".builder.log")
     if (final / ox.META).is_file() and (final / "model.onnx").is_file():
         return ox.CachedExport(final, json.loads((final / ox.META).read_text()))
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = ox.owned_tmpdir(cache, f"{final.name}.tmp-")
+    tmp = owned_tmpdir(cache, f"{final.name}.tmp-")
     try:
         meta = _build_into(Path(hf_dir), tmp, name, source_sha256, precision, ep, options, progress)
         if not final.exists():
@@ -243,7 +244,7 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
             check.update({"ok": True, "judged": False})
     else:                            # a graph for another EP may not run on this machine's CPU EP
         check.update({"target_vs_torch_max_abs_diff": None, "ok": True, "judged": False})
-    ox.fix_modes(out)
+    fix_modes(out)
     import onnx
 
     graph = onnx.load(str(out / "model.onnx"), load_external_data=False)

@@ -23,6 +23,7 @@ from edgespec.export.kept_vocab import load_vocab_file, make_first_k, validate_k
 from edgespec.export.pair_graphs import make_graphs
 from edgespec.export.progress import log
 from edgespec.export.sources import resolve
+from edgespec.export.workdirs import host_tag, owned_tmpdir, remove_stale_tmpdirs
 from edgespec.paths import exports_dir
 from edgespec.runtime.manifest import is_bundle_dir
 from edgespec.runtime.vocab import tokenizer_info
@@ -108,7 +109,7 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
     t_exp, d_exp, transform = make_graphs(t_src, d_src, graph, builder, transform, cache_dir, progress, force_external)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ox.owned_tmpdir(out.parent, f".{out.name}.tmp-")
+    tmp = owned_tmpdir(out.parent, f".{out.name}.tmp-")
     _chmod_default(tmp)
     parts = BundleParts(target=Side(t_src, t_exp, t_info, t_tok),
                         drafter=None if drafter is None else Side(d_src, d_exp, d_info, d_tok),
@@ -192,17 +193,17 @@ def _same_fs(a: Path, b: Path) -> bool:
 
 def remove_stale_leftovers(out: Path, progress: bool = False) -> list[Path]:
     """Remove what killed exports to `out` left beside it: `.OUT.tmp-*` directories whose owner process
-    is gone (onnx_export.is_stale), and, once `out` exists again, `.OUT.old-*` (a replaced bundle the
+    is gone (workdirs.is_stale), and, once `out` exists again, `.OUT.old-*` (a replaced bundle the
     swap did not get to delete; while `out` is missing it may be the only copy, so it stays)."""
-    removed = ox.remove_stale_tmpdirs(out.parent, re.escape(f".{out.name}.tmp-"), progress)
+    removed = remove_stale_tmpdirs(out.parent, re.escape(f".{out.name}.tmp-"), progress)
     if out.is_dir():
-        removed += ox.remove_stale_tmpdirs(out.parent, re.escape(f".{out.name}.old-"), progress)
+        removed += remove_stale_tmpdirs(out.parent, re.escape(f".{out.name}.old-"), progress)
     return removed
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
     if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}.{ox.host_tag()}-{os.urandom(4).hex()}")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}.{host_tag()}-{os.urandom(4).hex()}")
         os.replace(out, old)
         try:
             os.replace(tmp, out)

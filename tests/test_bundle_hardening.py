@@ -19,7 +19,7 @@ import pytest
 from edgespec.cli import main
 from edgespec.errors import BundleError, CalibrationError, EdgespecError
 from edgespec.export import bundle_writer as BW
-from edgespec.export import onnx_export as OX
+from edgespec.export import workdirs as WD
 from edgespec.runtime import Bundle
 from edgespec.runtime import bundle as B
 
@@ -329,13 +329,13 @@ def test_bad_priors(tiny_self_bundle, copy_bundle, what):
 def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
-    assert not OX.pid_alive(p.pid)
+    assert not WD.pid_alive(p.pid)
     return p.pid
 
 
 def _fake_tmp(parent: Path, prefix: str, pid: int | None, age_s: float = 0, legacy: str = "k3_x9q2z") -> Path:
     """A temp dir as a killed export leaves it: owned by `pid`, or (pid None) a legacy unowned one."""
-    name = f"{prefix}{pid}.{OX.host_tag()}-abcd1234" if pid is not None else f"{prefix}{legacy}"
+    name = f"{prefix}{pid}.{WD.host_tag()}-abcd1234" if pid is not None else f"{prefix}{legacy}"
     d = parent / name
     d.mkdir(parents=True)
     (d / "model.onnx.data").write_bytes(b"\0" * 1024)
@@ -360,7 +360,7 @@ def test_export_removes_stale_temp_dirs_only(tiny_models, tiny_export_cache, tmp
         (cache / entry.name).symlink_to(entry)
     cache_stale = _fake_tmp(cache, "0123456789abcdef01234567.tmp-", dead)
     cache_live = _fake_tmp(cache, "0123456789abcdef01234567.tmp-", os.getpid())
-    stale_log = cache / f".0123456789abcdef01234567.tmp-{dead}.{OX.host_tag()}-abcd1234.builder.log"
+    stale_log = cache / f".0123456789abcdef01234567.tmp-{dead}.{WD.host_tag()}-abcd1234.builder.log"
     stale_log.write_text("killed")
     BW.export_bundle(str(tiny_models["tiny-bl-a"]), str(tiny_models["tiny-bl-b"]), out, keep=100, progress=False,
                      cache=cache)
@@ -369,8 +369,8 @@ def test_export_removes_stale_temp_dirs_only(tiny_models, tiny_export_cache, tmp
     assert live.exists() and legacy_fresh.exists() and other_name.exists() and cache_live.exists()
     assert all(e.exists() for e in tiny_export_cache.iterdir())
     # the new naming: a temp dir records its owner
-    t = OX.owned_tmpdir(tmp_path, ".b.tmp-")
-    assert t.name.startswith(f".b.tmp-{os.getpid()}.{OX.host_tag()}-") and not OX.is_stale(t, t.name[7:])
+    t = WD.owned_tmpdir(tmp_path, ".b.tmp-")
+    assert t.name.startswith(f".b.tmp-{os.getpid()}.{WD.host_tag()}-") and not WD.is_stale(t, t.name[7:])
     t.rmdir()
 
 
@@ -384,8 +384,8 @@ def test_stale_old_bundle_dir_kept_while_out_is_missing(tmp_path):
 
 
 def test_pid_alive():
-    assert OX.pid_alive(os.getpid()) and not OX.pid_alive(_dead_pid())
-    assert not OX.pid_alive(0) and not OX.pid_alive(-5) and not OX.pid_alive(2**40)
+    assert WD.pid_alive(os.getpid()) and not WD.pid_alive(_dead_pid())
+    assert not WD.pid_alive(0) and not WD.pid_alive(-5) and not WD.pid_alive(2**40)
 
 
 # --------------------------------------------------------------------------- 6. calibrate --out into a new directory
