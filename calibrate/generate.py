@@ -58,9 +58,9 @@ class _Budget:
 
 class TorchGenerator:
     def __init__(self, hf_dir: Path, chat: bool | None = None):
-        try:  # lazy: the [export] extra; a calibration from a bundle needs no torch
-            import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+        try:
+            import torch  # lazy: the [export] extra; a calibration from a bundle needs no torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: [export] extra
         except ImportError as exc:
             raise CalibrationError(f"generating without a bundle needs torch + transformers "
                                    f"(pip install 'edgespec[export]'), or pass --bundle: {exc}") from None
@@ -89,7 +89,7 @@ class TorchGenerator:
 
     def generate(self, text: str, max_new: int, temperature: float, top_p: float | None, seed: int,
                  budget: _Budget) -> Generation:
-        from transformers import StoppingCriteria, StoppingCriteriaList
+        from transformers import StoppingCriteria, StoppingCriteriaList  # lazy: [export] extra
 
         torch = self.torch
         rendered, ids = self.prompt_ids(text)

@@ -36,6 +36,8 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import numpy as np
+
 from edgespec.errors import ExportError
 from edgespec.export import onnx_export as ox
 from edgespec.export.graph_info import io_names, weight_stats
@@ -107,8 +109,7 @@ def _fix_embed_scale(model, hidden_size: int) -> float | None:
     torch's; with the exact scale they are 4.1e-4 away (torch fp32 vs fp64: 3.9e-4). Sets the
     scalar that multiplies the embedding Gather's output to float32(sqrt(hidden_size)); returns the
     value it replaced (None if there was none)."""
-    import numpy as np
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # lazy: onnx is the [export] extra; `edgespec --help` imports this module
 
     consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant" and n.output}
     gathers = {n.output[0] for n in model.graph.node if n.op_type in ("Gather", "GatherBlockQuantized")   # int4: quantized table
@@ -245,7 +246,7 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
     else:                            # a graph for another EP may not run on this machine's CPU EP
         check.update({"target_vs_torch_max_abs_diff": None, "ok": True, "judged": False})
     fix_modes(out)
-    import onnx
+    import onnx  # lazy: onnx is the [export] extra; `edgespec --help` imports this module
 
     graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
     files = {f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size} for f in sorted(out.iterdir())}
@@ -268,8 +269,8 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
 
 def _torch_logits(hf_dir: Path, ids, name: str):
     """Reference logits of the HF model on the check input, and its parameter count (torch freed after)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # lazy: the [export] extra
+    from transformers import AutoModelForCausalLM  # lazy: the [export] extra
 
     torch.set_num_threads(1)  # torch with 2 threads is pathological on these VMs (docs/facts.md)
     try:

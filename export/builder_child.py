@@ -22,16 +22,18 @@ builder graph made through this module has the same bytes as one made by the bui
 """
 from __future__ import annotations
 
+import importlib
+import runpy
 import sys
 from collections import Counter
+
+import numpy as np
 
 K_QUANT_ROWS = 4096             # blocks per slice: 4,096 x 32 floats = 512 KiB per temporary (stays in cache)
 
 
 def sliced_k_quant(original, rows: int = K_QUANT_ROWS):
     """`original(data, num_bits, group_size)` applied to slices of `rows` quantization blocks."""
-    import numpy as np
-
     def k_quant(data, num_bits=4, group_size=32):
         blocks = np.reshape(data, (-1, group_size))
         parts = []
@@ -51,7 +53,8 @@ def _release(tensor) -> None:
 
 
 def _patch_k_quant() -> None:
-    from onnxruntime.quantization.neural_compressor import weight_only
+    # ORT's quantization package imports onnx; only this child process, about to run the builder, needs it.
+    from onnxruntime.quantization.neural_compressor import weight_only  # lazy: [export] extra, child only
 
     weight_only.quant_tensor_k_quant_cpu = sliced_k_quant(weight_only.quant_tensor_k_quant_cpu)
 
@@ -59,10 +62,9 @@ def _patch_k_quant() -> None:
 def _patch_to_nbits() -> None:
     """Model.to_nbits serialises the IR graph once (`ir.to_proto`); during that call, each initializer's
     tensor is released once the last initializer that holds it has been serialised."""
-    import importlib
-
-    import onnxruntime_genai.models  # noqa: F401  (puts its folder on sys.path: the builder imports `builders`)
-    from onnx_ir import serde
+    # onnxruntime_genai.models puts its folder on sys.path (the builder imports `builders`): before builders.base.
+    import onnxruntime_genai.models  # noqa: F401  # lazy: [export] extra; must precede builders.base
+    from onnx_ir import serde  # lazy: [export] extra, patched in the builder's child process only
 
     base = importlib.import_module("builders.base")     # the module object builder.py itself uses
 
@@ -92,8 +94,6 @@ def _patch_to_nbits() -> None:
 def main(argv: list[str]) -> None:
     _patch_k_quant()
     _patch_to_nbits()
-    import runpy
-
     sys.argv = ["onnxruntime_genai.models.builder", *argv]
     runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
 
