@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from edgespec.calibrate.jsonl import jsonl_records
 from edgespec.errors import CalibrationError
 from edgespec.runtime.chat import as_messages, render_chat
 from edgespec.runtime.decoder import SpeculativeDecoder
@@ -205,11 +206,8 @@ def load_generations(paths: list[Path], source: str, vocab_hash: str) -> list[Ge
     out: list[Generation] = []
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
+            for lineno, rec in jsonl_records(f, path):
                 try:
-                    rec = json.loads(line)
                     if rec.get("source") != source:
                         continue
                     g = Generation(str(rec["id"]), rec["prompt_text"], np.asarray(rec["prompt_ids"], dtype=np.int64),

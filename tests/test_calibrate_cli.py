@@ -289,6 +289,24 @@ def test_saved_generations_are_reused(tmp_path, tiny_same_bundle, tiny_hetero_bu
     assert rc == 2 and "another target tokenizer" in err
 
 
+def test_saved_generations_bad_lines(tmp_path):
+    """--generated files: blank lines pass, a line that is not JSON or not a record names its file and line."""
+    from edgespec.calibrate.generate import load_generations
+    from edgespec.errors import CalibrationError
+
+    rec = {"source": "target", "id": "p0", "prompt_text": "a", "prompt_ids": [1], "text": "b", "token_ids": [2, 3],
+           "vocab_hash": "h"}
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n" + json.dumps(rec) + "\n\n" + json.dumps({**rec, "source": "drafter"}) + "\n")
+    (g,) = load_generations([good], "target", "h")
+    assert g.prompt_id == "p0" and g.ids.tolist() == [2, 3]
+    for name, line, msg in [("bad.jsonl", "{not json", r"bad.jsonl:2: not valid JSON"),
+                            ("rec.jsonl", json.dumps({"source": "target"}), r"rec.jsonl:2: not a generation record")]:
+        (tmp_path / name).write_text(json.dumps(rec) + "\n" + line + "\n")
+        with pytest.raises(CalibrationError, match=msg):
+            load_generations([tmp_path / name], "target", "h")
+
+
 @pytest.fixture(scope="module")
 def target_only_bundle(tiny_models, tiny_export_cache, tmp_path_factory):
     from edgespec.export.bundle_writer import export_bundle
