@@ -41,6 +41,7 @@ import numpy as np
 from edgespec.errors import ExportError
 from edgespec.export import onnx_export as ox
 from edgespec.export.graph_info import io_names, weight_stats
+from edgespec.export.progress import log
 from edgespec.export.quality import check_batch_invariance
 from edgespec.export.workdirs import KEY_RE, fix_modes, owned_tmpdir, remove_stale_tmpdirs
 from edgespec.hashing import sha256_file
@@ -173,18 +174,18 @@ def _run_builder(hf_dir: Path, out: Path, precision: str, ep: str, options: dict
            "-p", precision, "-e", ep, "-c", str(work)]
     if options:
         cmd += ["--extra_options", *[f"{k}={v}" for k, v in options.items()]]
-    log = out.parent / f".{out.name}.builder.log"
+    log_path = out.parent / f".{out.name}.builder.log"
     t0 = time.time()
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     try:
-        with open(log, "w") as fh:
+        with open(log_path, "w") as fh:
             rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
         if rc != 0 or not (out / "model.onnx").is_file():
-            lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
             last = lines[-1][:240] if lines else "no output"
             raise ExportError(f"the model builder failed on {hf_dir.name} ({precision}, {ep}; exit {rc}): {last}")
     finally:
-        log.unlink(missing_ok=True)
+        log_path.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
     return time.time() - t0
 
@@ -220,7 +221,7 @@ def _finish_graph(path: Path, head_dim: int, precision: str, fixes: tuple[str, .
 def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precision: str, ep: str, options: dict,
                 progress: bool) -> dict:
     info = ox.model_info(hf_dir)
-    ox._log(progress, f"building {name} with onnxruntime-genai's model builder ({precision}, {ep}); cached for re-use")
+    log(progress, f"building {name} with onnxruntime-genai's model builder ({precision}, {ep}); cached for re-use")
     ids = ox.check_inputs(info["vocab_size"])
     # The builder's child process first, torch's reference after it has exited: the two fp32 copies of
     # the model (7.1 GB each for a 1.5B) never coexist.
@@ -262,8 +263,8 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
     (out / ox.META).write_text(json.dumps(meta, indent=2) + "\n")
     diff = check.get("target_vs_torch_max_abs_diff")
     diff = "not run" if diff is None else f"{diff:.2e}"
-    ox._log(progress, f"built {name} in {seconds:.0f} s: {meta['graph']['nodes']} nodes, "
-                      f"{meta['graph']['group_query_attention']} GroupQueryAttention; ORT vs torch max |diff| {diff}")
+    log(progress, f"built {name} in {seconds:.0f} s: {meta['graph']['nodes']} nodes, "
+                  f"{meta['graph']['group_query_attention']} GroupQueryAttention; ORT vs torch max |diff| {diff}")
     return meta
 
 

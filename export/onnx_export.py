@@ -36,7 +36,6 @@ from edgespec.runtime.sessions import session_options
 
 EXPORT_REVISION = 2          # bump when the export recipe changes: invalidates cached exports
 TASK = "text-generation-with-past"
-_log = log                   # builder.py still calls ox._log (to become progress.log when builder.py is free)
 DATA_NAME = "model.onnx.data"
 META = "edgespec-export.json"
 CHECK_SEED = 1234
