@@ -27,12 +27,13 @@ def test_sliced_k_quant_returns_the_same_arrays():
     weight[5, 7] = 40.0                                                     # an outlier
     data = weight.T                                                         # (out, in): non-contiguous view
     want = original(data, 4, 32)
-    got = sliced_k_quant(original, rows=7)(data, 4, 32)
-    assert len(got) == len(want) == 3
-    assert got[0].dtype == np.uint8 and np.array_equal(got[0], want[0].astype("uint8"))   # the caller's cast
-    assert np.array_equal(got[0], want[0])                                   # integers: exactly the same values
-    for g, w in zip(got[1:], want[1:]):
-        assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
+    for workers in (1, 3):                                                  # in order, in threads
+        got = sliced_k_quant(original, rows=7, workers=workers)(data, 4, 32)
+        assert len(got) == len(want) == 3
+        assert got[0].dtype == np.uint8 and np.array_equal(got[0], want[0].astype("uint8"))   # the caller's cast
+        assert np.array_equal(got[0], want[0])                               # integers: exactly the same values
+        for g, w in zip(got[1:], want[1:]):
+            assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
     small = sliced_k_quant(original, rows=10_000)(data, 4, 32)             # one slice: the original call
     assert all(np.array_equal(s, w) for s, w in zip(small, want))
 
@@ -60,3 +61,27 @@ def test_builder_child_writes_the_builders_bytes(tiny_models, tmp_path, precisio
         plain, child = (outs["plain"] / f).read_bytes(), (outs["child"] / f).read_bytes()
         assert len(plain) > 0 and plain == child, f
 
+
+
+def test_plain_reader_reads_what_safe_open_reads(tmp_path):
+    """export/safetensors_reader.py against safetensors' own reader: keys, metadata, dtypes, shapes, values."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from edgespec.export.safetensors_reader import PlainReader
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"w.f32": torch.randn(7, 5, generator=g), "w.bf16": torch.randn(3, 4, generator=g).to(torch.bfloat16),
+               "b.i64": torch.arange(6, dtype=torch.int64).reshape(2, 3), "s.f16": torch.tensor(1.5, dtype=torch.float16),
+               "e.f32": torch.zeros(0, 4)}
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with safe_open(str(path), framework="pt") as want, PlainReader(str(path), framework="pt") as got:
+        assert got.keys() == sorted(want.keys()) and got.metadata() == want.metadata()
+        for k in want.keys():
+            a, b = want.get_slice(k), got.get_slice(k)
+            assert a.get_dtype() == b.get_dtype() and list(a.get_shape()) == b.get_shape()
+            x, y = want.get_tensor(k), b[...]
+            assert x.dtype == y.dtype and torch.equal(x, y), k
+        assert torch.equal(got.get_slice("w.f32")[1:3], want.get_slice("w.f32")[1:3])
