@@ -86,6 +86,25 @@ def unsupported_reason(hf_dir: Path) -> str | None:
     return None
 
 
+def build_path(hf_dir: Path, source_sha256: str, precision: str, ep: str = "cpu", accuracy_level: int | None = None,
+               block_size: int | None = None, algo: str | None = None, cache: Path | None = None) -> tuple[Path, dict]:
+    """(the cache directory a builder graph of these settings lives in, the builder's quantization options)."""
+    options = {}
+    if precision in ("int4", "int8"):
+        options = {"accuracy_level": accuracy_level if accuracy_level is not None else (4 if ep == "cpu" else 0),
+                   "block_size": block_size or 32}
+        # k_quant by default: on Qwen2.5-Coder-1.5B it agreed with fp32 on 0.871 of held-out top-1 tokens
+        # against RTN's 0.857, at the same step time (docs/fast-path.md, "int4 methods").
+        options["algo_config"] = algo or DEFAULT_INT4_ALGO
+    cache = Path(cache) if cache is not None else exports_dir()
+    return cache / build_key(source_sha256, precision, ep, options, graph_fixes(Path(hf_dir))), options
+
+
+def is_built(path: Path) -> bool:
+    """Whether a finished builder graph is cached at `path` (build_path's)."""
+    return (path / ox.META).is_file() and (path / "model.onnx").is_file()
+
+
 def build_key(source_sha256: str, precision: str, ep: str, options: dict, fixes: tuple[str, ...] = ()) -> str:
     doc = {"sha256": source_sha256, "graph": "builder", "precision": precision, "ep": ep,
            "options": options, "builder": builder_version(), "revision": BUILDER_REVISION}
@@ -142,19 +161,11 @@ def build_model(hf_dir: Path, source_sha256: str, name: str = "model", precision
     reason = unsupported_reason(hf_dir)
     if reason:
         raise ExportError(reason)
-    options = {}
-    if precision in ("int4", "int8"):
-        options = {"accuracy_level": accuracy_level if accuracy_level is not None else (4 if ep == "cpu" else 0),
-                   "block_size": block_size or 32}
-        # k_quant by default: on Qwen2.5-Coder-1.5B it agreed with fp32 on 0.871 of held-out top-1 tokens
-        # against RTN's 0.857, at the same step time (docs/fast-path.md, "int4 methods").
-        options["algo_config"] = algo or DEFAULT_INT4_ALGO
     cache = Path(cache) if cache is not None else exports_dir()
-    fixes = graph_fixes(Path(hf_dir))
-    final = cache / build_key(source_sha256, precision, ep, options, fixes)
+    final, options = build_path(hf_dir, source_sha256, precision, ep, accuracy_level, block_size, algo, cache)
     remove_stale_tmpdirs(cache, KEY_RE + r"\.tmp-", progress)        # killed builds' leftovers
     remove_stale_tmpdirs(cache, r"\." + KEY_RE + r"\.tmp-", progress, suffix=".builder.log")
-    if (final / ox.META).is_file() and (final / "model.onnx").is_file():
+    if is_built(final):
         return ox.CachedExport(final, json.loads((final / ox.META).read_text()))
     cache.mkdir(parents=True, exist_ok=True)
     tmp = owned_tmpdir(cache, f"{final.name}.tmp-")

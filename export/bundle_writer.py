@@ -20,7 +20,7 @@ from edgespec.errors import EdgespecError, ExportError
 from edgespec.export import onnx_export as ox
 from edgespec.export.bundle_files import LINK_MIN_BYTES, BundleParts, Side, write_bundle
 from edgespec.export.kept_vocab import load_vocab_file, make_first_k, validate_keep
-from edgespec.export.pair_graphs import make_graphs
+from edgespec.export.pair_graphs import builder_disk_need, make_graphs, planned_graph
 from edgespec.export.progress import log
 from edgespec.export.sources import resolve
 from edgespec.export.workdirs import host_tag, owned_tmpdir, remove_stale_tmpdirs
@@ -105,7 +105,8 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
             kept = load_vocab_file(Path(vocab), d_tok.vocab_hash, d_info["vocab_size"], d_tok.special_ids)
 
     cache_dir = Path(cache) if cache is not None else exports_dir()
-    _check_disk_space(t_src, d_src, cache_dir, out, force_external)
+    _check_disk_space(t_src, d_src, cache_dir, out, force_external,
+                      planned_graph(graph, builder, transform, t_src.hf_dir, d_src.hf_dir, force_external), builder)
     t_exp, d_exp, transform = make_graphs(t_src, d_src, graph, builder, transform, cache_dir, progress, force_external)
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -131,13 +132,18 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
     return out
 
 
-def _check_disk_space(t_src, d_src, cache_dir: Path, out: Path, force_external: bool) -> None:
-    """Up front: uncached exports (fp32 ~ the HF weights) + the bundle itself."""
-    opts = {"external": True} if force_external else None
-    t_cached = (cache_dir / ox.export_key(t_src.sha256, opts) / ox.META).is_file()
-    d_cached = (cache_dir / ox.export_key(d_src.sha256, opts) / ox.META).is_file()
-    t_w, d_w = _param_estimate(t_src.hf_dir), _param_estimate(d_src.hf_dir)
-    need_cache = (0 if t_cached else t_w) + (0 if d_cached or d_src is t_src else d_w)
+def _check_disk_space(t_src, d_src, cache_dir: Path, out: Path, force_external: bool, kind: str = "optimum",
+                      builder: dict | None = None) -> None:
+    """Up front: the graphs not cached yet (optimum fp32 ~ the HF weights; builder graphs at their
+    precision's share of them, plus the quality check's fp32 reference) + the bundle itself."""
+    if kind == "builder":
+        need_cache, t_w, d_w = builder_disk_need(t_src, d_src, builder or {}, cache_dir, _param_estimate)
+    else:
+        opts = {"external": True} if force_external else None
+        t_cached = (cache_dir / ox.export_key(t_src.sha256, opts) / ox.META).is_file()
+        d_cached = (cache_dir / ox.export_key(d_src.sha256, opts) / ox.META).is_file()
+        t_w, d_w = _param_estimate(t_src.hf_dir), _param_estimate(d_src.hf_dir)
+        need_cache = (0 if t_cached else t_w) + (0 if d_cached or d_src is t_src else d_w)
     # Large target data is hard-linked from the cache; the pruned drafter is rewritten.
     need_bundle = d_w + (t_w if t_w < LINK_MIN_BYTES else 0) + 64 * 1024**2
     same_fs = _same_fs(cache_dir, out.parent)

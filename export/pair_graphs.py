@@ -15,6 +15,9 @@ from edgespec.export.quality import quality_check
 from edgespec.models.weights import ModelSource
 
 Transform = Callable[[Path], dict | None]
+# A builder graph's size as a share of the model's fp32 weight files, an upper bound for the disk check
+# (measured: Qwen2.5-Coder int4 0.25 (1.5B) and 0.30 (0.5B, its larger embedding share); fp16 half).
+GRAPH_SHARE = {"fp32": 1.0, "fp16": 0.5, "int8": 0.45, "int4": 0.35}
 
 
 def make_graphs(t_src: ModelSource, d_src: ModelSource, graph: str | None, builder: dict | None,
@@ -22,9 +25,8 @@ def make_graphs(t_src: ModelSource, d_src: ModelSource, graph: str | None, build
                 force_external: bool = False) -> tuple[CachedExport, CachedExport, Transform | None]:
     """(target graph, drafter graph, the transform to run on the bundle) for `graph` = "builder",
     "optimum" or None (choose); `builder` holds the builder's settings (export_bundle's docstring)."""
-    if graph is None and builder is None and transform is not None:
-        graph = "optimum"            # a library caller's quantization hook is the optimum path's
-    kind = choose_graph(graph, t_src.hf_dir, d_src.hf_dir, progress, force_external, (builder or {}).get("unsupported"))
+    kind = choose_graph(_requested(graph, builder, transform), t_src.hf_dir, d_src.hf_dir, progress, force_external,
+                        (builder or {}).get("unsupported"))
     if kind == "builder":
         return build_pair(t_src, d_src, builder or {}, cache_dir, progress)
     if (builder or {}).get("optimum_refuses"):
@@ -37,15 +39,55 @@ def make_graphs(t_src: ModelSource, d_src: ModelSource, graph: str | None, build
     return t_exp, d_exp, transform
 
 
+def _requested(graph: str | None, builder: dict | None, transform: Transform | None) -> str | None:
+    if graph is None and builder is None and transform is not None:
+        return "optimum"             # a library caller's quantization hook is the optimum path's
+    return graph
+
+
+def _kind(graph: str | None, reasons: list[str], force_external: bool) -> str:
+    if graph is None and force_external:
+        return "optimum"             # the external-data test path is optimum's
+    return graph or ("optimum" if reasons else "builder")
+
+
+def _reasons(t_dir: Path, d_dir: Path, unsupported: str | None) -> list[str]:
+    return [r for r in (unsupported, eb.unsupported_reason(t_dir), eb.unsupported_reason(d_dir)) if r]
+
+
+def planned_graph(graph: str | None, builder: dict | None, transform: Transform | None, t_dir: Path, d_dir: Path,
+                  force_external: bool = False) -> str:
+    """The graph kind make_graphs will choose ("builder" or "optimum"), without saying it."""
+    return _kind(_requested(graph, builder, transform), _reasons(t_dir, d_dir, (builder or {}).get("unsupported")),
+                 force_external)
+
+
+def builder_disk_need(t_src: ModelSource, d_src: ModelSource, opts: dict, cache_dir: Path,
+                      weight_bytes) -> tuple[int, int, int]:
+    """(bytes the builder graphs not cached yet will write into the cache, the target graph's bytes, the
+    drafter graph's bytes), from `weight_bytes(hf_dir)` (the fp32 weight files) and GRAPH_SHARE; the
+    quality check's fp32 reference counts where build_pair would build it."""
+    common = {"ep": opts.get("ep", "cpu"), "accuracy_level": opts.get("accuracy_level"),
+              "block_size": opts.get("block_size"), "algo": opts.get("algo"), "cache": cache_dir}
+    t_prec, d_prec = opts.get("target", "fp32"), opts.get("drafter", "fp32")
+    graphs = {(t_src.hf_dir, t_src.sha256, t_prec), (d_src.hf_dir, d_src.sha256, d_prec)}
+    if t_prec != "fp32" and int(opts.get("quality_tokens", 512)) and common["ep"] == "cpu":
+        graphs.add((t_src.hf_dir, t_src.sha256, "fp32"))
+
+    def size(hf_dir, prec) -> int:
+        return int(weight_bytes(hf_dir) * GRAPH_SHARE.get(prec, 1.0))
+
+    need = sum(size(d, prec) for d, sha, prec in graphs if not eb.is_built(eb.build_path(d, sha, prec, **common)[0]))
+    return need, size(t_src.hf_dir, t_prec), size(d_src.hf_dir, d_prec)
+
+
 def choose_graph(graph: str | None, t_dir: Path, d_dir: Path, progress: bool, force_external: bool = False,
                  unsupported: str | None = None) -> str:
     """"builder" or "optimum" for this pair, said in one line."""
-    reasons = [r for r in (unsupported, eb.unsupported_reason(t_dir), eb.unsupported_reason(d_dir)) if r]
+    reasons = _reasons(t_dir, d_dir, unsupported)
     if graph == "builder" and reasons:
         raise ExportError(f"--graph builder: {reasons[0]}")
-    if graph is None and force_external:
-        graph = "optimum"            # the external-data test path is optimum's
-    kind = graph or ("optimum" if reasons else "builder")
+    kind = _kind(graph, reasons, force_external)
     why = f" ({reasons[0]})" if graph is None and reasons else ""
     log(progress, f"graphs: {'onnxruntime-genai model builder (fused, shared KV cache)' if kind == 'builder' else 'optimum'}"
                    f"{why}")

@@ -105,3 +105,29 @@ def test_fp16_graph_for_a_gpu_ep(tiny_models, tmp_path, capsys):
     rc = main(["export", "--target", str(tiny_models["tiny-bl-a"]), "--drafter", str(tiny_models["tiny-bl-b"]),
                "--keep", "100", "--quantize", "fp16", "--graph", "optimum", "--out", str(tmp_path / "o")])
     assert rc == 2 and "fp16 graphs come from the model builder only" in capsys.readouterr().err
+
+
+def test_disk_check_counts_builder_graphs_at_their_precision(tiny_models, tmp_path):
+    """An int4 builder export needs its graphs' share of the fp32 weights, the quality check's fp32
+    reference where it will be built, and nothing for a graph already cached (the demo was refused with
+    12 GB free when every graph was counted at fp32)."""
+    from edgespec.export import bundle_writer as BW
+    from edgespec.export.pair_graphs import GRAPH_SHARE, builder_disk_need
+    from edgespec.export.sources import resolve
+
+    t, d = resolve(str(tiny_models["tiny-bl-a"]), False), resolve(str(tiny_models["tiny-bl-b"]), False)
+    w_t, w_d = BW._param_estimate(t.hf_dir), BW._param_estimate(d.hf_dir)
+    opts = {"target": "int4", "drafter": "int4"}
+    need, t_bytes, d_bytes = builder_disk_need(t, d, opts, tmp_path, BW._param_estimate)
+    q = GRAPH_SHARE["int4"]
+    assert (t_bytes, d_bytes) == (int(w_t * q), int(w_d * q))
+    assert need == int(w_t * q) + int(w_d * q) + w_t                  # + the fp32 reference
+    assert need < 2 * (w_t + w_d)
+    no_check, _, _ = builder_disk_need(t, d, {**opts, "quality_tokens": 0}, tmp_path, BW._param_estimate)
+    assert no_check == int(w_t * q) + int(w_d * q)
+    cached = eb.build_path(t.hf_dir, t.sha256, "int4", cache=tmp_path)[0]   # the target graph already built
+    cached.mkdir(parents=True)
+    (cached / "model.onnx").write_bytes(b"graph")
+    (cached / "edgespec-export.json").write_text("{}")
+    assert eb.is_built(cached)
+    assert builder_disk_need(t, d, {**opts, "quality_tokens": 0}, tmp_path, BW._param_estimate)[0] == int(w_d * q)
