@@ -51,7 +51,8 @@ def evict(paths) -> int:
         except OSError:
             continue
         try:
-            os.fsync(fd) if os.access(path, os.W_OK) else None
+            if os.access(path, os.W_OK):
+                os.fsync(fd)            # dirty pages are not dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             total += os.fstat(fd).st_size
         finally:

@@ -20,7 +20,7 @@ from edgespec.errors import EdgespecError, ExportError
 from edgespec.export import onnx_export as ox
 from edgespec.export.bundle_files import LINK_MIN_BYTES, BundleParts, Side, write_bundle
 from edgespec.export.kept_vocab import load_vocab_file, make_first_k, validate_keep
-from edgespec.export.pair_graphs import builder_disk_need, make_graphs, planned_graph
+from edgespec.export.pair_graphs import builder_disk_need, choose_pair_graph, make_graphs
 from edgespec.export.progress import log
 from edgespec.export.sources import resolve
 from edgespec.export.workdirs import host_tag, owned_tmpdir, remove_stale_tmpdirs
@@ -105,9 +105,9 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
             kept = load_vocab_file(Path(vocab), d_tok.vocab_hash, d_info["vocab_size"], d_tok.special_ids)
 
     cache_dir = Path(cache) if cache is not None else exports_dir()
-    _check_disk_space(t_src, d_src, cache_dir, out, force_external,
-                      planned_graph(graph, builder, transform, t_src.hf_dir, d_src.hf_dir, force_external), builder)
-    t_exp, d_exp, transform = make_graphs(t_src, d_src, graph, builder, transform, cache_dir, progress, force_external)
+    kind = choose_pair_graph(t_src, d_src, graph, builder, transform, progress, force_external)
+    _check_disk_space(t_src, d_src, cache_dir, out, force_external, kind, builder)
+    t_exp, d_exp, transform = make_graphs(t_src, d_src, kind, builder, transform, cache_dir, progress, force_external)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = owned_tmpdir(out.parent, f".{out.name}.tmp-")

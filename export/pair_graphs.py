@@ -20,13 +20,20 @@ Transform = Callable[[Path], dict | None]
 GRAPH_SHARE = {"fp32": 1.0, "fp16": 0.5, "int8": 0.45, "int4": 0.35}
 
 
-def make_graphs(t_src: ModelSource, d_src: ModelSource, graph: str | None, builder: dict | None,
+def choose_pair_graph(t_src: ModelSource, d_src: ModelSource, graph: str | None, builder: dict | None,
+                      transform: Transform | None, progress: bool, force_external: bool = False) -> str:
+    """The pair's graph kind, "builder" or "optimum" (choose_graph, said in one line), for `graph` =
+    "builder", "optimum" or None (choose); a library caller's quantization hook alone means optimum."""
+    if graph is None and builder is None and transform is not None:
+        graph = "optimum"
+    return choose_graph(graph, t_src.hf_dir, d_src.hf_dir, progress, force_external, (builder or {}).get("unsupported"))
+
+
+def make_graphs(t_src: ModelSource, d_src: ModelSource, kind: str, builder: dict | None,
                 transform: Transform | None, cache_dir: Path, progress: bool,
                 force_external: bool = False) -> tuple[CachedExport, CachedExport, Transform | None]:
-    """(target graph, drafter graph, the transform to run on the bundle) for `graph` = "builder",
-    "optimum" or None (choose); `builder` holds the builder's settings (export_bundle's docstring)."""
-    kind = choose_graph(_requested(graph, builder, transform), t_src.hf_dir, d_src.hf_dir, progress, force_external,
-                        (builder or {}).get("unsupported"))
+    """(target graph, drafter graph, the transform to run on the bundle) of `kind` (choose_pair_graph's);
+    `builder` holds the builder's settings (export_bundle's docstring)."""
     if kind == "builder":
         return build_pair(t_src, d_src, builder or {}, cache_dir, progress)
     if (builder or {}).get("optimum_refuses"):
@@ -39,39 +46,41 @@ def make_graphs(t_src: ModelSource, d_src: ModelSource, graph: str | None, build
     return t_exp, d_exp, transform
 
 
-def _requested(graph: str | None, builder: dict | None, transform: Transform | None) -> str | None:
-    if graph is None and builder is None and transform is not None:
-        return "optimum"             # a library caller's quantization hook is the optimum path's
-    return graph
-
-
-def _kind(graph: str | None, reasons: list[str], force_external: bool) -> str:
+def choose_graph(graph: str | None, t_dir: Path, d_dir: Path, progress: bool, force_external: bool = False,
+                 unsupported: str | None = None) -> str:
+    """"builder" or "optimum" for this pair, said in one line."""
+    reasons = [r for r in (unsupported, eb.unsupported_reason(t_dir), eb.unsupported_reason(d_dir)) if r]
+    if graph == "builder" and reasons:
+        raise ExportError(f"--graph builder: {reasons[0]}")
     if graph is None and force_external:
-        return "optimum"             # the external-data test path is optimum's
-    return graph or ("optimum" if reasons else "builder")
+        graph = "optimum"            # the external-data test path is optimum's
+    kind = graph or ("optimum" if reasons else "builder")
+    why = f" ({reasons[0]})" if graph is None and reasons else ""
+    log(progress, f"graphs: {'onnxruntime-genai model builder (fused, shared KV cache)' if kind == 'builder' else 'optimum'}"
+                   f"{why}")
+    return kind
 
 
-def _reasons(t_dir: Path, d_dir: Path, unsupported: str | None) -> list[str]:
-    return [r for r in (unsupported, eb.unsupported_reason(t_dir), eb.unsupported_reason(d_dir)) if r]
-
-
-def planned_graph(graph: str | None, builder: dict | None, transform: Transform | None, t_dir: Path, d_dir: Path,
-                  force_external: bool = False) -> str:
-    """The graph kind make_graphs will choose ("builder" or "optimum"), without saying it."""
-    return _kind(_requested(graph, builder, transform), _reasons(t_dir, d_dir, (builder or {}).get("unsupported")),
-                 force_external)
+def _builder_plan(opts: dict, cache_dir: Path) -> tuple[dict, str, str, int]:
+    """build_pair's settings from `opts`: (build_model's common keywords, target precision, drafter
+    precision, the quality check's token count: 0 where no fp32 reference is built)."""
+    common = {"ep": opts.get("ep", "cpu"), "accuracy_level": opts.get("accuracy_level"),
+              "block_size": opts.get("block_size"), "algo": opts.get("algo"), "cache": cache_dir}
+    t_prec, d_prec = opts.get("target", "fp32"), opts.get("drafter", "fp32")
+    quality_tokens = int(opts.get("quality_tokens", 512))
+    if t_prec == "fp32" or common["ep"] != "cpu":
+        quality_tokens = 0
+    return common, t_prec, d_prec, quality_tokens
 
 
 def builder_disk_need(t_src: ModelSource, d_src: ModelSource, opts: dict, cache_dir: Path,
                       weight_bytes) -> tuple[int, int, int]:
     """(bytes the builder graphs not cached yet will write into the cache, the target graph's bytes, the
     drafter graph's bytes), from `weight_bytes(hf_dir)` (the fp32 weight files) and GRAPH_SHARE; the
-    quality check's fp32 reference counts where build_pair would build it."""
-    common = {"ep": opts.get("ep", "cpu"), "accuracy_level": opts.get("accuracy_level"),
-              "block_size": opts.get("block_size"), "algo": opts.get("algo"), "cache": cache_dir}
-    t_prec, d_prec = opts.get("target", "fp32"), opts.get("drafter", "fp32")
+    quality check's fp32 reference counts where build_pair builds it."""
+    common, t_prec, d_prec, quality_tokens = _builder_plan(opts, cache_dir)
     graphs = {(t_src.hf_dir, t_src.sha256, t_prec), (d_src.hf_dir, d_src.sha256, d_prec)}
-    if t_prec != "fp32" and int(opts.get("quality_tokens", 512)) and common["ep"] == "cpu":
+    if quality_tokens:
         graphs.add((t_src.hf_dir, t_src.sha256, "fp32"))
 
     def size(hf_dir, prec) -> int:
@@ -81,31 +90,15 @@ def builder_disk_need(t_src: ModelSource, d_src: ModelSource, opts: dict, cache_
     return need, size(t_src.hf_dir, t_prec), size(d_src.hf_dir, d_prec)
 
 
-def choose_graph(graph: str | None, t_dir: Path, d_dir: Path, progress: bool, force_external: bool = False,
-                 unsupported: str | None = None) -> str:
-    """"builder" or "optimum" for this pair, said in one line."""
-    reasons = _reasons(t_dir, d_dir, unsupported)
-    if graph == "builder" and reasons:
-        raise ExportError(f"--graph builder: {reasons[0]}")
-    kind = _kind(graph, reasons, force_external)
-    why = f" ({reasons[0]})" if graph is None and reasons else ""
-    log(progress, f"graphs: {'onnxruntime-genai model builder (fused, shared KV cache)' if kind == 'builder' else 'optimum'}"
-                   f"{why}")
-    return kind
-
-
 def build_pair(t_src: ModelSource, d_src: ModelSource, opts: dict, cache_dir: Path, progress: bool):
     """Builder graphs for both sides at their precisions; the transform checks a quantized target's
     quality against the fp32 builder graph of the same model."""
-    common = {"ep": opts.get("ep", "cpu"), "accuracy_level": opts.get("accuracy_level"),
-              "block_size": opts.get("block_size"), "cache": cache_dir, "progress": progress}
-    algo = opts.get("algo")
-    t_prec, d_prec = opts.get("target", "fp32"), opts.get("drafter", "fp32")
-    t_exp = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision=t_prec, algo=algo, **common)
+    common, t_prec, d_prec, quality_tokens = _builder_plan(opts, cache_dir)
+    common["progress"] = progress
+    t_exp = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision=t_prec, **common)
     d_exp = t_exp if (d_src.sha256, d_prec) == (t_src.sha256, t_prec) else \
-        eb.build_model(d_src.hf_dir, d_src.sha256, d_src.name, precision=d_prec, algo=algo, **common)
-    quality_tokens = int(opts.get("quality_tokens", 512))
-    if t_prec == "fp32" or not quality_tokens or common["ep"] != "cpu":
+        eb.build_model(d_src.hf_dir, d_src.sha256, d_src.name, precision=d_prec, **common)
+    if not quality_tokens:
         return t_exp, d_exp, None
     ref = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision="fp32", **common)
 
