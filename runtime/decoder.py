@@ -31,12 +31,12 @@ from edgespec.runtime.config import DecodeConfig
 from edgespec.runtime.chat import as_messages, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.governor import Governor
-from edgespec.runtime.kv import ModelRunner
+from edgespec.runtime.kv import DeferredRunner, ModelRunner
 from edgespec.runtime.prefix import PrefixCache
 from edgespec.runtime.randomised import SideRunner, draft_randomised
 from edgespec.runtime.rounds import Generation
 from edgespec.runtime.sampling import make_rng
-from edgespec.runtime.sessions import check_threads, create_sessions
+from edgespec.runtime.sessions import CPU, check_threads, create_session, create_sessions, is_cpu_only
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.strategies import choose_auto, get_strategy
 from edgespec.runtime.text import TextState
@@ -57,7 +57,7 @@ class SpeculativeDecoder:
                  draft_probability: float | str | None = None, draft_threads: int | None = None,
                  concurrent_draft: bool = True, max_draft_length: int = 8, draft_confidence: float | None = None,
                  drafter_window: int | None = DEFAULT_DRAFTER_WINDOW, plain_steps: str = "exact",
-                 prefix_reuse: bool = True, **strategy_options):
+                 prefix_reuse: bool = True, defer_drafter: bool = True, **strategy_options):
         # every setting is checked here, first: loading and sessions take seconds
         config = DecodeConfig(get_strategy(strategy), draft_length, max_draft_length, draft_probability,
                               draft_confidence, concurrent_draft, drafter_window, plain_steps, prefix_reuse,
@@ -76,28 +76,31 @@ class SpeculativeDecoder:
         uses_drafter = config.strategy.uses_drafter
         if uses_drafter and config.strategy.check:      # refuse before paying for the sessions
             config.strategy.check(bundle, dict(config.options))
-        # alone (no drafter session), the target's threads keep spinning between steps (sessions.py);
-        # a pair's two sessions are built at the same time (create_sessions: the cold start's largest part)
+        # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
         requests = [dict(model_path=bundle.target.onnx, ep=ep, threads=threads, allow_fallback=allow_fallback,
                          role="target", stop_spinning=uses_drafter)]
+        drafter_request = None
         if uses_drafter:
-            requests.append(dict(model_path=bundle.drafter.onnx, ep=ep if draft_ep is None else draft_ep,
-                                 threads=threads if draft_threads is None else draft_threads,
-                                 allow_fallback=allow_fallback, role="drafter"))
-        sessions = create_sessions(requests)
+            drafter_request = dict(model_path=bundle.drafter.onnx, ep=ep if draft_ep is None else draft_ep,
+                                   threads=threads if draft_threads is None else draft_threads,
+                                   allow_fallback=allow_fallback, role="drafter")
+        # The drafter's session waits for its first forward (kv.DeferredRunner) on the CPU EP; other EPs
+        # build it now, so that an EP that fails to load says so here. Built now, a pair's two sessions
+        # are built at the same time (create_sessions).
+        defer = bool(drafter_request) and defer_drafter and is_cpu_only(drafter_request["ep"])
+        sessions = create_sessions(requests + ([drafter_request] if drafter_request and not defer else []))
         tinfo = bundle.target.info
         sess, self.target_session_info = sessions[0]
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
         self.drafter = None
-        self.drafter_session_info = None
         self.text_context = None
         if uses_drafter:
-            dinfo = bundle.drafter.info
-            sess, self.drafter_session_info = sessions[1]
-            self.drafter = ModelRunner(sess, "drafter", int(dinfo.get("max_position") or 0) or None, exact=False)
-            self._check_runner(self.drafter, dinfo, bundle.kept, "drafter")
-            self._check_constant_outputs()
+            if defer:
+                self.drafter = DeferredRunner(lambda: self._drafter_runner(create_session(**drafter_request)),
+                                              self._drafter_max_position(), [CPU])
+            else:
+                self.drafter = self._drafter_runner(sessions[1])
             self.text_context = drafter_context(bundle)          # token tables: built once per decoder
         self.eos_ids = frozenset(bundle.target.eos_ids)
         self._shared = _Shared()
@@ -113,7 +116,7 @@ class SpeculativeDecoder:
         if strat.uses_drafter and self.drafter is None:
             raise GenerationError(f"strategy {strat.name!r} needs a drafter session; this decoder was created "
                                   "with 'ar' and has none")
-        self.config = config = config.resolved(self.bundle, self.drafter.max_position if self.drafter else None)
+        self.config = config = config.resolved(self.bundle, self._drafter_max_position() if self.drafter else None)
         if strat.check:
             strat.check(self.bundle, dict(config.options))
         self.prepared = strat.prepare(self.bundle, dict(config.options))
@@ -159,7 +162,7 @@ class SpeculativeDecoder:
         new = copy.copy(self)
         new._configure(config)
         if not strat.uses_drafter:
-            new.drafter, new.drafter_session_info, new.text_context = None, None, None
+            new.drafter, new.text_context = None, None
         return new
 
     # ------------------------------------------------------------------ resources
@@ -208,20 +211,32 @@ class SpeculativeDecoder:
             raise BundleError(f"bundle {self.bundle.path}: {role} graph has {len(runner.past_names)} past inputs, "
                               f"manifest says {layers} layers")
 
-    def _check_constant_outputs(self) -> None:
-        names = [n for n in ("index_map", "draft_ids") if n in self.drafter.extra_outputs]
-        if not names:
-            return
-        for name, arr in zip(names, self.drafter.run_extra(names)):
+    def _drafter_max_position(self) -> int | None:
+        return int(self.bundle.drafter.info.get("max_position") or 0) or None
+
+    def _drafter_runner(self, made: tuple) -> ModelRunner:
+        """The drafter's runner over a created (session, SessionInfo), checked against the bundle."""
+        sess, info = made
+        runner = ModelRunner(sess, "drafter", self._drafter_max_position(), exact=False)
+        runner.session_info = info
+        self._check_runner(runner, self.bundle.drafter.info, self.bundle.kept, "drafter")
+        names = [n for n in ("index_map", "draft_ids") if n in runner.extra_outputs]
+        for name, arr in zip(names, runner.run_extra(names) if names else ()):
             if not np.array_equal(np.asarray(arr).reshape(-1), getattr(self.bundle, name)):
                 raise BundleError(f"bundle {self.bundle.path}: the drafter graph's {name} differs from vocab/{name}.npy "
                                   "(mismatched bundle)")
+        return runner
+
+    @property
+    def drafter_session_info(self):
+        """The drafter session's SessionInfo (None: no drafter, or one not built yet)."""
+        return None if self.drafter is None or self.drafter.pending else self.drafter.session_info
 
     @property
     def providers(self) -> dict:
         out = {"target": list(self.target_session_info.active)}
-        if self.drafter_session_info:
-            out["drafter"] = list(self.drafter_session_info.active)
+        if self.drafter is not None:
+            out["drafter"] = list(self.drafter.providers if self.drafter.pending else self.drafter_session_info.active)
         return out
 
     # ------------------------------------------------------------------ prompts

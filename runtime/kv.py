@@ -22,8 +22,9 @@ Two KV layouts, chosen from the graph's metadata (`edgespec.kv_cache`, written a
 """
 from __future__ import annotations
 
+import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -53,6 +54,9 @@ class ModelRunner:
     `kv="copy"` forces the copying layout on a graph that allows sharing (for comparisons).
     `exact=False` (the drafter) skips the 1-token padding a quantized graph asks for: the drafter's
     logits only steer proposals, verification reads the target's."""
+
+    pending = False            # built (a DeferredRunner is pending until its first forward)
+    session_info = None        # sessions.SessionInfo, set by whoever created the session
 
     def __init__(self, session, role: str = "model", max_position: int | None = None, exact: bool = True,
                  head_dim: int | None = None, kv: str = "auto"):
@@ -237,3 +241,64 @@ class ModelRunner:
         for name in self.past_names:
             feeds[name] = empty
         return self.session.run(list(names), feeds)
+
+
+class DeferredRunner:
+    """A ModelRunner whose ORT session is built at its first forward, not before.
+
+    The decoder's drafter (SpeculativeDecoder(defer_drafter=True), the default on the CPU EP): the
+    first token needs the target alone, so building the drafter's session (graph load and weight
+    prepacking, about 0.3 s for the int4 0.5B) after it moves that time off an app's time to first
+    token. Until it is built it is what it will be then, an empty cache: `length` and `tokens_fed`
+    are 0, `reset()` and `crop(0)` do nothing, `max_position` is the manifest's. Any other attribute
+    (`forward`, `run_extra`, ...) builds it first; `build()` does so explicitly and returns the
+    milliseconds it took (0.0 when it was built already). Thread-safe; errors are `make`'s, raised
+    where it is first used and again at each later use."""
+
+    def __init__(self, make: Callable[[], "ModelRunner"], max_position: int | None, providers: list[str]):
+        self._make = make
+        self._runner: ModelRunner | None = None
+        self._lock = threading.Lock()
+        self.max_position = max_position
+        self.providers = providers       # what the session is asked for (the CPU EP: what it gets)
+
+    @property
+    def pending(self) -> bool:
+        return self._runner is None
+
+    def build(self) -> float:
+        with self._lock:
+            if self._runner is not None:
+                return 0.0
+            t0 = time.perf_counter()
+            self._runner = self._make()
+            return (time.perf_counter() - t0) * 1e3
+
+    @property
+    def runner(self) -> "ModelRunner":
+        if self._runner is None:
+            self.build()
+        return self._runner
+
+    @property
+    def length(self) -> int:
+        return 0 if self._runner is None else self._runner.length
+
+    @property
+    def tokens_fed(self) -> int:
+        return 0 if self._runner is None else self._runner.tokens_fed
+
+    def reset(self) -> None:
+        if self._runner is not None:
+            self._runner.reset()
+
+    def crop(self, n: int) -> None:
+        if self._runner is not None:
+            self._runner.crop(n)
+        elif n:
+            raise ValueError(f"cannot crop an empty cache to {n}")
+
+    def __getattr__(self, name: str):        # anything else is the built runner's
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.runner, name)

@@ -202,6 +202,8 @@ class Generation:
         governor = self.dec.governor_for(strategy.source(self.strategy_state) if strategy.source and gamma else None)
         if governor is not None:
             gamma = governor.choose(gamma)
+        if gamma and self.drafter is not None and self.drafter.pending:
+            st.drafter_load_ms += self.drafter.build()     # a deferred drafter session: built for this first draft
         fed = self.drafter.tokens_fed if self.drafter is not None else 0
         t0 = time.perf_counter()
         new = speculative_round(self, gamma)

@@ -185,12 +185,17 @@ def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu
     return sess, info
 
 
+def is_cpu_only(ep) -> bool:
+    """Whether `ep` (create_session's argument) asks for the CPU EP alone."""
+    return all(n == CPU for n, _ in resolve_providers(ep))
+
+
 def create_sessions(requests: Sequence[dict]) -> list[tuple]:
     """[create_session(**r) for r in requests], built concurrently when every request is for the CPU EP
     alone: ORT releases the GIL while it loads and prepacks a graph, so a pair's two sessions take about
     the time of the larger one (docs/runtime.md, "Cold start"). Other EPs build one after another (their
     loading redirects stdout, which is process-wide). Errors are create_session's, in request order."""
-    cpu_only = all(all(n == CPU for n, _ in resolve_providers(r.get("ep", "cpu"))) for r in requests)
+    cpu_only = all(is_cpu_only(r.get("ep", "cpu")) for r in requests)
     if len(requests) < 2 or not cpu_only:
         return [create_session(**r) for r in requests]
     with ThreadPoolExecutor(max_workers=len(requests), thread_name_prefix="edgespec-session") as pool:

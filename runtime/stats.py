@@ -42,9 +42,12 @@ Times (ms, wall clock, time.perf_counter)
   (`draft_refills`); `draft_prefill_tokens` drafter tokens in all. Its own field: never hidden in
   prefill_ms, draft_ms or TTFT.
 - `draft_ms`: drafter ORT runs other than fills (drafting steps and catch-ups).
+- `drafter_load_ms`: building the drafter's ORT session, in the generation that drafted first on a
+  decoder that deferred it (SpeculativeDecoder(defer_drafter=True), the CPU EP's default): after TTFT,
+  inside the decode phase (so in decode_tokens_per_s), once per decoder.
 - `verify_ms`: target ORT runs after its prefill.
-- `overhead_ms` = total_ms - prefill_ms - draft_prefill_ms - draft_ms - verify_ms + overlap_ms: everything that is not an
-  ORT run (tokenisation, templates, sampling, strategies, verify arithmetic, KV slicing, text decoding).
+- `overhead_ms` = total_ms - prefill_ms - draft_prefill_ms - draft_ms - verify_ms - drafter_load_ms + overlap_ms:
+  everything that is not an ORT run (tokenisation, templates, sampling, strategies, verify arithmetic, KV slicing, text decoding).
 - `sampler_ms`: NumPy time turning drafter logits into the draft (the strategy's distribution q over
   target ids, or its greedy pick): masking, TLI renormalisation, RDK's Taylor term or M^T q'. Part of
   overhead_ms. `sampler_share` = sampler_ms / draft_ms: the strategy's cost as a share of drafter time.
@@ -103,6 +106,7 @@ class GenerationStats:
     draft_prefill_tokens: int = 0
     draft_refills: int = 0
     draft_ms: float = 0.0
+    drafter_load_ms: float = 0.0
     verify_ms: float = 0.0
     overlap_ms: float = 0.0
     sampler_ms: float = 0.0
@@ -119,7 +123,7 @@ class GenerationStats:
     @property
     def overhead_ms(self) -> float:
         return max(self.total_ms - self.prefill_ms - self.draft_prefill_ms - self.draft_ms - self.verify_ms
-                   + self.overlap_ms, 0.0)
+                   - self.drafter_load_ms + self.overlap_ms, 0.0)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -191,5 +195,7 @@ class GenerationStats:
              f"{self.draft_length}")
         return (f"{self.strategy} k={k}: {self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s, "
                 f"acceptance {acc}, tau {tau}, ttft {self.ttft_ms:.0f} ms, prefill {self.prefill_ms:.0f} ms, "
-                f"draft prefill {self.draft_prefill_ms:.0f} ms, draft {self.draft_ms:.0f} ms, verify {self.verify_ms:.0f} ms, overhead {self.overhead_ms:.0f} ms, "
+                f"draft prefill {self.draft_prefill_ms:.0f} ms, draft {self.draft_ms:.0f} ms, "
+                + (f"drafter load {self.drafter_load_ms:.0f} ms, " if self.drafter_load_ms else "")
+                + f"verify {self.verify_ms:.0f} ms, overhead {self.overhead_ms:.0f} ms, "
                 f"resyncs {self.drafter_resyncs}")

@@ -27,14 +27,16 @@ def parse_ep(value: str | None):
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def make_decoder(bundle, args) -> SpeculativeDecoder:
+def make_decoder(bundle, args, defer_drafter: bool = True) -> SpeculativeDecoder:
     """The decoder `serve` and `chat` share: --strategy, --draft-length (auto means 1 for a strategy that
-    does not speculate, e.g. ar), --ep, --threads."""
+    does not speculate, e.g. ar), --ep, --threads. The server builds the drafter's session at start
+    (defer_drafter=False) so that no request waits for it; the chat defers it past the first reply's
+    first token."""
     gamma = args.draft_length
     if gamma == "auto" and not get_strategy(args.strategy).speculative:
         gamma = 1
     return SpeculativeDecoder(bundle, strategy=args.strategy, draft_length=gamma, ep=parse_ep(args.ep),
-                              threads=args.threads)
+                              threads=args.threads, defer_drafter=defer_drafter)
 
 
 def check_args(args) -> None:
@@ -59,7 +61,7 @@ def serve(args) -> int:
     args.api_key = args.api_key if args.api_key is not None else os.environ.get("EDGESPEC_API_KEY") or None
     check_args(args)
     bundle = Bundle.load(args.bundle, verify=args.verify)
-    dec = make_decoder(bundle, args)
+    dec = make_decoder(bundle, args, defer_drafter=False)
     name = args.model_name or bundle.path.name
     worker = Worker(dec, max_queue=args.max_queue)
     settings = Settings(model=name, api_key=args.api_key, max_body=args.max_body,
