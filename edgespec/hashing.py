@@ -105,6 +105,11 @@ class DigestMemory:
             self.changed = self.changed or key in self.entries
         return entry[name]
 
+    def known(self, file: str | Path, name: str):
+        """What derived(file, name, ...) remembered for the file as it is now, or None."""
+        _, _, entry = self._entry(Path(file))
+        return None if entry is None else entry.get(name)
+
     def save(self) -> None:
         if not self.changed:
             return

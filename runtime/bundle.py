@@ -15,7 +15,8 @@ relative path listed in `files` that resolves, symlinks followed, to a file insi
 symlink in the bundle may point outside it; and each side's tokenizer must have the `vocab_hash`
 the manifest records (the hash export computed), and must not be a known-wrong GGUF conversion
 (`stale_gguf_tokenizer`: Gemma's tokenizer as transformers 4.57 converted it; "re-export with edgespec
->= TOKENIZER_FIXED_IN"). Any problem raises BundleError with a one-line
+>= TOKENIZER_FIXED_IN"); a tokenizer.json that passed these checks on this machine before, unchanged
+since (its digest memory), is parsed on first use instead. Any problem raises BundleError with a one-line
 message. Nothing here unpickles: .npy files load with allow_pickle=False, and the optional affinity
 matrix is plain CSR arrays in an .npz.
 """
@@ -26,13 +27,13 @@ import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import numpy as np
 
 from edgespec.errors import BundleError, GenerationError
 from edgespec.hashing import DigestMemory
-from edgespec.runtime.bundle_tokenizer import TOKENIZER_FIXED_IN, load_tokenizer, stale_gguf_tokenizer  # noqa: F401
+from edgespec.runtime.bundle_tokenizer import (TOKENIZER_FIXED_IN, TokenizerFile, load_tokenizer,  # noqa: F401
+                                               stale_gguf_tokenizer)
 from edgespec.runtime.manifest import SIDES, check_io, check_required_files, is_target_only, read_manifest, shown
 from edgespec.runtime.rdk import Affinity
 
@@ -50,9 +51,14 @@ class ModelFiles:
     dir: Path
     onnx: Path
     info: dict                       # the manifest's target/drafter entry
-    tokenizer: Any                   # tokenizers.Tokenizer
+    tokenizer_file: TokenizerFile    # parsed at load, or on first use (bundle_tokenizer.py)
     chat_template: str | None
     io: dict = field(default_factory=dict)
+
+    @property
+    def tokenizer(self):
+        """The side's tokenizers.Tokenizer."""
+        return self.tokenizer_file.get()
 
     @property
     def bos_id(self) -> int | None:
@@ -327,7 +333,7 @@ def _load_side(root: Path, manifest: dict, side: str, memory: DigestMemory | Non
             tpl = tpl_path.read_text(encoding="utf-8")
         except (OSError, ValueError) as exc:
             raise BundleError(f"bundle {root}: {side}/chat_template.jinja is unreadable ({exc})") from exc
-    return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer=tok, chat_template=tpl, io=io)
+    return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer_file=tok, chat_template=tpl, io=io)
 
 
 def _why(exc: BaseException) -> str:

@@ -86,9 +86,10 @@ class SpeculativeDecoder:
                                    allow_fallback=allow_fallback, role="drafter")
         # The drafter's session waits for its first forward (kv.DeferredRunner) on the CPU EP; other EPs
         # build it now, so that an EP that fails to load says so here. Built now, a pair's two sessions
-        # are built at the same time (create_sessions).
+        # are built at the same time (create_sessions), and a tokenizer not parsed at load is parsed meanwhile.
         defer = bool(drafter_request) and defer_drafter and is_cpu_only(drafter_request["ep"])
-        sessions = create_sessions(requests + ([drafter_request] if drafter_request and not defer else []))
+        sessions = create_sessions(requests + ([drafter_request] if drafter_request and not defer else []),
+                                   beside=lambda: [side.tokenizer for side in (bundle.target, bundle.drafter) if side])
         tinfo = bundle.target.info
         sess, self.target_session_info = sessions[0]
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)

@@ -30,11 +30,13 @@ import contextlib
 import io
 import numbers
 import os
+import sys
+import threading
+import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from edgespec.errors import BundleError, EPError
 
@@ -190,15 +192,63 @@ def is_cpu_only(ep) -> bool:
     return all(n == CPU for n, _ in resolve_providers(ep))
 
 
-def create_sessions(requests: Sequence[dict]) -> list[tuple]:
+def create_sessions(requests: Sequence[dict], beside: Callable[[], Any] | None = None) -> list[tuple]:
     """[create_session(**r) for r in requests], built concurrently when every request is for the CPU EP
     alone: ORT releases the GIL while it loads and prepacks a graph, so a pair's two sessions take about
-    the time of the larger one (docs/runtime.md, "Cold start"). Other EPs build one after another (their
-    loading redirects stdout, which is process-wide). Errors are create_session's, in request order."""
+    the time of the larger one (docs/runtime.md, "Cold start"). `beside()` runs on the calling thread
+    meanwhile, once each build is inside ORT's session initialisation (so that Python work that holds
+    the GIL, such as parsing a tokenizer, does not hold the builds up). Other EPs build one after
+    another (their loading redirects stdout, which is process-wide), then `beside()` runs. Errors are
+    create_session's, in request order, then beside()'s."""
     cpu_only = all(is_cpu_only(r.get("ep", "cpu")) for r in requests)
-    if len(requests) < 2 or not cpu_only:
-        return [create_session(**r) for r in requests]
-    with ThreadPoolExecutor(max_workers=len(requests), thread_name_prefix="edgespec-session") as pool:
-        futures = [pool.submit(create_session, **r) for r in requests]
-        wait(futures)
-    return [f.result() for f in futures]
+    if not cpu_only or (len(requests) < 2 and beside is None):
+        made = [create_session(**r) for r in requests]
+        if beside is not None:
+            beside()
+        return made
+    results: list = [None] * len(requests)
+
+    def build(i: int, request: dict) -> None:
+        try:
+            results[i] = (True, create_session(**request))
+        except BaseException as exc:          # re-raised on the calling thread
+            results[i] = (False, exc)
+
+    threads = [threading.Thread(target=build, args=(i, r), name=f"edgespec-session-{i}", daemon=True)
+               for i, r in enumerate(requests)]
+    for t in threads:
+        t.start()
+    failed = None
+    if beside is not None:
+        _wait_inside_ort(threads)
+        try:
+            beside()
+        except BaseException as exc:
+            failed = exc
+    for t in threads:
+        t.join()
+    for ok, value in results:
+        if not ok:
+            raise value
+    if failed is not None:
+        raise failed
+    return [value for _, value in results]
+
+
+def _wait_inside_ort(threads: Sequence[threading.Thread], limit_s: float = 0.25) -> None:
+    """Until every thread is inside onnxruntime's session initialisation, where it runs without the GIL
+    (or has finished); at most limit_s. Only timing depends on it: a miss costs the overlap, nothing else."""
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline:
+        frames = sys._current_frames()
+        if all(not t.is_alive() or _in_session_init(frames.get(t.ident)) for t in threads):
+            return
+        time.sleep(0.001)
+
+
+def _in_session_init(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "_create_inference_session":
+            return True
+        frame = frame.f_back
+    return False

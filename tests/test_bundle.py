@@ -196,3 +196,48 @@ def test_unwritable_digest_cache_still_verifies(tiny_same_bundle, copy_bundle, m
     _flip_byte(b / "drafter" / "model.onnx")
     with pytest.raises(BundleError, match="corrupt"):
         Bundle.load(b, verify="full")
+
+
+def test_a_remembered_tokenizer_is_parsed_on_first_use(tiny_same_bundle, copy_bundle, monkeypatch, tmp_path):
+    """A tokenizer.json that parsed and passed the checks at an earlier load of the same, unchanged file
+    is parsed on first use (then once for a pair sharing it); the decoder parses it while ORT builds the
+    target's session. A verify='none' load, and a first load, parse it at load."""
+    import edgespec.hashing as H
+    from tokenizers import Tokenizer
+    from edgespec.runtime import SpeculativeDecoder
+    from edgespec.runtime.sessions import create_sessions
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(H, "_SETTLED_NS", 0)
+    b = copy_bundle(tiny_same_bundle)
+    first = Bundle.load(b)
+    assert first.target.tokenizer_file.parsed
+    assert Bundle.load(b, verify="none").target.tokenizer_file.parsed
+    again = Bundle.load(b)
+    assert not again.target.tokenizer_file.parsed and again.drafter.tokenizer_file is again.target.tokenizer_file
+    fresh = Tokenizer.from_file(str(b / "target" / "tokenizer.json"))
+    assert again.target.tokenizer.encode("hello world 123").ids == fresh.encode("hello world 123").ids
+    assert again.target.tokenizer_file.parsed
+
+    dec = SpeculativeDecoder(Bundle.load(b), strategy="tli", threads=1)
+    assert dec.bundle.target.tokenizer_file.parsed
+    order = []
+    made = create_sessions([dict(model_path=b / "target" / "model.onnx", threads=1, role="target")],
+                           beside=lambda: order.append("beside"))
+    assert order == ["beside"] and len(made) == 1
+
+
+def test_sessions_fail_before_beside(tiny_same_bundle, tmp_path):
+    from edgespec.runtime.sessions import create_sessions
+
+    bad = tmp_path / "model.onnx"
+    bad.write_bytes(b"not a graph")
+
+    def boom():
+        raise RuntimeError("beside failed")
+
+    with pytest.raises(BundleError, match="target: ONNX Runtime cannot load"):
+        create_sessions([dict(model_path=bad, threads=1, role="target")], beside=boom)
+    with pytest.raises(RuntimeError, match="beside failed"):
+        create_sessions([dict(model_path=tiny_same_bundle / "target" / "model.onnx", threads=1, role="target")],
+                        beside=boom)
