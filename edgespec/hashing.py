@@ -8,7 +8,6 @@ import os
 import time
 from pathlib import Path
 
-from tqdm import tqdm
 
 from edgespec.paths import cache_home
 
@@ -21,6 +20,8 @@ def sha256_file(path: str | Path, progress: bool = False, desc: str | None = Non
     h = hashlib.sha256()
     bar = None
     if progress:
+        from tqdm import tqdm    # lazy: an app's cold start never shows a bar
+
         bar = tqdm(total=path.stat().st_size, desc=desc or f"sha256 {path.name}", unit="B", unit_scale=True, leave=False)
     with open(path, "rb") as f:
         while block := f.read(_BLOCK):

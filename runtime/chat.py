@@ -2,16 +2,14 @@
 
 `render_chat(template, messages, bos_token=..., eos_token=...)` returns the prompt text with the
 generation prompt appended. Encode the result *without* adding special tokens: templates that want a
-BOS write `{{ bos_token }}` themselves.
+BOS write `{{ bos_token }}` themselves. jinja2 is imported at the first compile (`compile_template`,
+which the decoder calls while ORT builds the target's session), not with the runtime.
 """
 from __future__ import annotations
 
 import json
 from datetime import datetime
 from functools import lru_cache
-
-from jinja2.exceptions import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgespec.errors import GenerationError
 
@@ -24,7 +22,11 @@ def _raise(message):
 
 
 @lru_cache(maxsize=8)
-def _compile(template: str):
+def compile_template(template: str):
+    """The sandboxed jinja2 Template of `template` (compiled once; GenerationError if it does not compile)."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -54,8 +56,10 @@ def render_chat(template: str | None, messages: list[dict], bos_token: str = "",
                 add_generation_prompt: bool = True) -> str:
     if not template:
         raise GenerationError("chat=True, but this bundle has no chat template")
+    from jinja2.exceptions import TemplateError
+
     try:
-        return _compile(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
+        return compile_template(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
                                          add_generation_prompt=add_generation_prompt)
     except (TemplateError, OverflowError, ArithmeticError, TypeError, ValueError, LookupError, RecursionError) as exc:
         raise GenerationError(f"chat template failed to render: {type(exc).__name__}: "

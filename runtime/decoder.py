@@ -14,6 +14,7 @@ arrays and, for randomised drafting with concurrent_draft=True, one worker threa
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import threading
@@ -28,7 +29,7 @@ from edgespec.errors import BundleError, GenerationError
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.checks import DEFAULT_DRAFTER_WINDOW, check_generation_args
 from edgespec.runtime.config import DecodeConfig
-from edgespec.runtime.chat import as_messages, render_chat
+from edgespec.runtime.chat import as_messages, compile_template, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.governor import Governor
 from edgespec.runtime.kv import DeferredRunner, ModelRunner
@@ -86,10 +87,10 @@ class SpeculativeDecoder:
                                    allow_fallback=allow_fallback, role="drafter")
         # The drafter's session waits for its first forward (kv.DeferredRunner) on the CPU EP; other EPs
         # build it now, so that an EP that fails to load says so here. Built now, a pair's two sessions
-        # are built at the same time (create_sessions), and a tokenizer not parsed at load is parsed meanwhile.
+        # are built at the same time (create_sessions), and the text side is made ready meanwhile.
         defer = bool(drafter_request) and defer_drafter and is_cpu_only(drafter_request["ep"])
         sessions = create_sessions(requests + ([drafter_request] if drafter_request and not defer else []),
-                                   beside=lambda: [side.tokenizer for side in (bundle.target, bundle.drafter) if side])
+                                   beside=lambda: _prepare_text(bundle))
         tinfo = bundle.target.info
         sess, self.target_session_info = sessions[0]
         self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)
@@ -361,6 +362,17 @@ class SpeculativeDecoder:
                     self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,
                     token_ids=list(gen.generated), stats=st, prompt_token_ids=prompt_ids)
+
+
+def _prepare_text(bundle: Bundle) -> None:
+    """Parse the tokenizers a load left for first use, and compile the chat template (a template that
+    does not compile fails at the first chat call, as before: plain prompts still work)."""
+    for side in (bundle.target, bundle.drafter):
+        if side is not None:
+            side.tokenizer
+    if bundle.target.chat_template:
+        with contextlib.suppress(GenerationError):
+            compile_template(bundle.target.chat_template)
 
 
 class _Shared:

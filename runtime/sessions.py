@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import linecache
 import numbers
 import os
 import sys
@@ -236,8 +237,10 @@ def create_sessions(requests: Sequence[dict], beside: Callable[[], Any] | None =
 
 
 def _wait_inside_ort(threads: Sequence[threading.Thread], limit_s: float = 0.25) -> None:
-    """Until every thread is inside onnxruntime's session initialisation, where it runs without the GIL
-    (or has finished); at most limit_s. Only timing depends on it: a miss costs the overlap, nothing else."""
+    """Until every thread is inside onnxruntime's `initialize_session` (graph optimisation and weight
+    prepacking, nearly all of a build, run without the GIL), or has finished; at most limit_s. The model
+    load before it needs the GIL back when it returns, so work begun then would hold the build up. Only
+    timing depends on this: a miss costs the overlap, nothing else."""
     deadline = time.perf_counter() + limit_s
     while time.perf_counter() < deadline:
         frames = sys._current_frames()
@@ -249,6 +252,6 @@ def _wait_inside_ort(threads: Sequence[threading.Thread], limit_s: float = 0.25)
 def _in_session_init(frame) -> bool:
     while frame is not None:
         if frame.f_code.co_name == "_create_inference_session":
-            return True
+            return "initialize_session(" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return False
