@@ -43,7 +43,7 @@ def main(argv=None) -> int:
 
     bundle = Bundle.load(args.bundle, verify="fast")
     sess, _ = create_session(bundle.target.onnx, "cpu", args.threads, role="target")
-    runner = ModelRunner(sess, "target", int(bundle.target.info.get("max_position") or 0) or None)
+    runner = ModelRunner(sess, "target", bundle.target.max_position)
     ref_sess, _ = create_session(args.reference, "cpu", args.threads, role="target")
     seqs = held_out_ids(Path(bundle.target.onnx).parent / "tokenizer.json", n_tokens=args.tokens)
     agree = {"fast": 0, "exact": 0, "fast_vs_exact": 0}

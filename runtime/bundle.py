@@ -80,6 +80,11 @@ class ModelFiles:
     def vocab_size(self) -> int:
         return int(self.info["vocab_size"])
 
+    @property
+    def max_position(self) -> int | None:
+        """The graph's context length (None: not recorded)."""
+        return int(self.info.get("max_position") or 0) or None
+
 
 @dataclass
 class Bundle:

@@ -69,8 +69,8 @@ def load_tokenizer(root: Path, side: str, path: Path, memory: DigestMemory | Non
     if isinstance(have, str):
         file = TokenizerFile(root, side, path)
     else:
-        file = TokenizerFile(root, side, path, _parse(root, side, path))
-        tok = file.get()
+        tok = _parse(root, side, path)
+        file = TokenizerFile(root, side, path, tok)
         have = memory.derived(path, key, lambda: vocab_hash(tok)) if memory is not None else vocab_hash(tok)
     if digest is not None:
         loaded[digest] = (file, have)

@@ -93,14 +93,14 @@ class SpeculativeDecoder:
                                    beside=lambda: _prepare_text(bundle))
         tinfo = bundle.target.info
         sess, self.target_session_info = sessions[0]
-        self.target = ModelRunner(sess, "target", int(tinfo.get("max_position") or 0) or None)
+        self.target = ModelRunner(sess, "target", bundle.target.max_position)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
         self.drafter = None
         self.text_context = None
         if uses_drafter:
             if defer:
                 self.drafter = DeferredRunner(lambda: self._drafter_runner(create_session(**drafter_request)),
-                                              self._drafter_max_position(), [CPU])
+                                              bundle.drafter.max_position, [CPU])
             else:
                 self.drafter = self._drafter_runner(sessions[1])
             self.text_context = drafter_context(bundle)          # token tables: built once per decoder
@@ -118,7 +118,7 @@ class SpeculativeDecoder:
         if strat.uses_drafter and self.drafter is None:
             raise GenerationError(f"strategy {strat.name!r} needs a drafter session; this decoder was created "
                                   "with 'ar' and has none")
-        self.config = config = config.resolved(self.bundle, self._drafter_max_position() if self.drafter else None)
+        self.config = config = config.resolved(self.bundle, self.bundle.drafter.max_position if self.drafter else None)
         if strat.check:
             strat.check(self.bundle, dict(config.options))
         self.prepared = strat.prepare(self.bundle, dict(config.options))
@@ -213,13 +213,10 @@ class SpeculativeDecoder:
             raise BundleError(f"bundle {self.bundle.path}: {role} graph has {len(runner.past_names)} past inputs, "
                               f"manifest says {layers} layers")
 
-    def _drafter_max_position(self) -> int | None:
-        return int(self.bundle.drafter.info.get("max_position") or 0) or None
-
     def _drafter_runner(self, made: tuple) -> ModelRunner:
         """The drafter's runner over a created (session, SessionInfo), checked against the bundle."""
         sess, info = made
-        runner = ModelRunner(sess, "drafter", self._drafter_max_position(), exact=False)
+        runner = ModelRunner(sess, "drafter", self.bundle.drafter.max_position, exact=False)
         runner.session_info = info
         self._check_runner(runner, self.bundle.drafter.info, self.bundle.kept, "drafter")
         names = [n for n in ("index_map", "draft_ids") if n in runner.extra_outputs]

@@ -41,7 +41,7 @@ def error_response(err: APIError) -> JSONResponse:
 
 def build_app(worker: Worker, settings: Settings) -> Starlette:
     dec = worker.dec
-    context = int(dec.bundle.target.info.get("max_position") or 0) or None
+    context = dec.bundle.target.max_position
 
     def authorize(request: Request) -> None:
         if settings.api_key is None:
