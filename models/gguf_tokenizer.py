@@ -31,6 +31,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from edgespec.errors import ModelSourceError
+from edgespec.models import gguf_reader
 
 CONVERTER = "edgespec-gguf-tokenizer"
 CONVERTER_VERSION = 2          # bump when the output changes; recorded in PROVENANCE_FILE
@@ -114,11 +115,11 @@ class SpecialTokens:
 def read_vocab(path: Path) -> GGUFVocab:
     """The tokenizer metadata of a GGUF file (weights are not read)."""
     try:
-        from gguf import GGUFReader  # lazy: the [export] extra
+        import gguf  # noqa: F401  lazy: the [export] extra
     except ImportError as exc:
         raise ModelSourceError(f"reading a GGUF tokenizer needs the gguf package (the [export] extra): {exc}") from exc
     try:
-        reader = GGUFReader(str(path))
+        reader = gguf_reader.read(path)
     except Exception as exc:  # the reader raises ValueError, struct errors, ... on a bad file
         raise ModelSourceError(f"cannot read GGUF {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}") \
             from exc

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from edgespec.errors import ModelSourceError
 from edgespec.hashing import sha256_file
 from edgespec.models import ModelRecipe, get_model
-from edgespec.models import gguf_tokenizer, tokenizer_reference
+from edgespec.models import gguf_reader, gguf_tokenizer, tokenizer_reference
 from edgespec.paths import cache_home, models_dir
 
 SOURCE_FILE = "edgespec-source.json"
@@ -142,12 +142,15 @@ def convert_gguf(gguf: Path, out_dir: Path, provenance: dict) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
     try:
         print(f"edgespec: converting {gguf.name} to an HF directory (once; dequantizes to fp32)", file=sys.stderr)
-        # The tokenizer first: an unsupported tokenizer model fails in seconds, before the weights.
-        tok_prov = gguf_tokenizer.write_tokenizer(gguf, tmp)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        except Exception as exc:  # transformers raises many types for a bad GGUF
-            raise ModelSourceError(f"cannot read GGUF {gguf}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
+        with gguf_reader.shared_readers():  # the GGUF's metadata parsed once for the three reads below
+            # The tokenizer first: an unsupported tokenizer model fails in seconds, before the weights.
+            tok_prov = gguf_tokenizer.write_tokenizer(gguf, tmp)
+            try:
+                model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                             dtype=torch.float32)
+            except Exception as exc:  # transformers raises many types for a bad GGUF
+                raise ModelSourceError(f"cannot read GGUF {gguf}: {type(exc).__name__}: "
+                                       f"{str(exc).splitlines()[0][:200]}") from exc
         model.hf_quantizer = None  # else save_pretrained refuses: "quantized with gguf, not serializable"
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
