@@ -248,7 +248,7 @@ def _build_into(hf_dir: Path, out: Path, name: str, source_sha256: str, precisio
         invariance = check_batch_invariance(out / "model.onnx", hf_dir / "tokenizer.json", progress)
     check = {"input": {"seed": ox.CHECK_SEED, "prefill": ox.CHECK_PREFILL, "decode": ox.CHECK_DECODE}}
     if ep == "cpu" and precision != "fp16":
-        sess = ox.ort_session(out / "model.onnx")
+        sess = ox.ort_session(out / "model.onnx", prepack=precision in ("int4", "int8"))
         got = ox.run_prefill_decode(sess, ids)
         del sess
         gc.collect()

@@ -194,7 +194,7 @@ def _prune_drafter(root: Path, d: Side, ids: np.ndarray, index_map: np.ndarray, 
     graph = d.graph.meta.get("graph") or {}
     if graph.get("ep", "cpu") == "cpu" and graph.get("precision") != "fp16":
         diff, constants_ok = _check_pruned(d.graph.onnx, root / "drafter" / "model.onnx", ids, index_map,
-                                           d.info["vocab_size"])
+                                           d.info["vocab_size"], prepack=graph.get("precision") in ("int4", "int8"))
     else:        # a graph for another EP may not run on the CPU EP here: check the constant outputs in the graph
         diff, constants_ok = None, _constants_in_graph(root / "drafter" / "model.onnx", ids, index_map)
         log(progress, f"pruned drafter not run: its graph is {graph.get('precision')} for {graph.get('ep')}")
@@ -313,14 +313,15 @@ def _constants_in_graph(path: Path, ids: np.ndarray, index_map: np.ndarray) -> b
     return (len(vals) == 2 and np.array_equal(vals["index_map"], index_map) and np.array_equal(vals["draft_ids"], ids))
 
 
-def _check_pruned(full: Path, pruned: Path, ids: np.ndarray, index_map: np.ndarray, vocab_size: int) -> tuple[float, bool]:
+def _check_pruned(full: Path, pruned: Path, ids: np.ndarray, index_map: np.ndarray, vocab_size: int,
+                  prepack: bool = False) -> tuple[float, bool]:
     """ORT pruned vs ORT full at the kept columns (max |diff|), and whether the constant outputs match."""
     x = check_inputs(vocab_size, seed=4321)
-    sess = ort_session(full)
+    sess = ort_session(full, prepack=prepack)
     ref = run_prefill_decode(sess, x)[..., ids]
     del sess
     gc.collect()
-    sess = ort_session(pruned)
+    sess = ort_session(pruned, prepack=prepack)
     got = run_prefill_decode(sess, x)
     consts = sess.run(["index_map", "draft_ids"], {
         "input_ids": x[:, :1], "attention_mask": np.ones((1, 1), np.int64),
