@@ -100,7 +100,8 @@ def overhead(args, url: str, texts: list[str]) -> dict:
     from edgespec.runtime import Bundle
     from edgespec.serve.server import make_decoder
     gamma = args.draft_length if args.draft_length == "auto" else int(args.draft_length)
-    ns = argparse.Namespace(strategy=args.strategy, draft_length=gamma, ep="cpu", threads=args.threads)
+    ns = argparse.Namespace(strategy=args.strategy, draft_length=gamma, ep="cpu", threads=args.threads,
+                            prefill_graph=False)
     dec = make_decoder(Bundle.load(args.bundle, verify="fast"), ns, defer_drafter=False)
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     ratios_total, ratios_decode, rows = [], [], []

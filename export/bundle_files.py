@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from edgespec.errors import ExportError
 from edgespec.export import onnx_export as ox
 from edgespec.export import last_logits, prune
+from edgespec.export.prefill_graph import write_prefill_graph
 from edgespec.export.graph_info import io_names, weight_stats
 from edgespec.export.kept_vocab import KeptVocab
 from edgespec.export.onnx_export import CachedExport, check_inputs, ort_session, run_prefill_decode
@@ -73,6 +74,7 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
     t_diff = _check_target(t_check)
 
     updates = parts.transform(root) if parts.transform is not None else None
+    write_prefill_graph(root / "target")
 
     # Graph statistics: from the export cache / the prune step, unless a transform changed the graphs.
     d_full_stats = d.graph.meta.get("weight_stats") or weight_stats(d.graph.onnx)
@@ -134,6 +136,7 @@ def _write_target_only(root: Path, parts: BundleParts) -> dict:
     t_check = t.graph.meta["check"]
     t_diff = _check_target(t_check)
     updates = parts.transform(root) if parts.transform is not None else None
+    write_prefill_graph(root / "target")
     onnx_path = root / "target" / "model.onnx"
     stats = weight_stats(onnx_path) if parts.transform is not None else \
         t.graph.meta.get("weight_stats") or weight_stats(onnx_path)

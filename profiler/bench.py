@@ -222,7 +222,8 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
     name, opts = rows[first[0]]
     base = SpeculativeDecoder(bundle, strategy=name, draft_length=_decoder_length(first[1]), ep=s.ep,
                               draft_ep=s.draft_ep, threads=s.threads, draft_threads=s.draft_threads,
-                              max_draft_length=s.max_draft_length, prefix_reuse=False, defer_drafter=False, **opts)
+                              max_draft_length=s.max_draft_length, prefix_reuse=False, defer_drafter=False,
+                              prefill_graph=s.prefill_graph, **opts)
     return {key: base if key == first else   # a row without draft_confidence has none
             base.variant(rows[key[0]][0], _decoder_length(key[1]), **{"draft_confidence": None, **rows[key[0]][1]})
             for key in configs}

@@ -25,7 +25,7 @@ FORMAT = "edgespec-bench-records"
 VERSION = 2                 # 2: records carry draft_length_setting and the per-round lists
 FINGERPRINT_KEYS = ("split", "categories", "strategies", "draft_lengths", "max_draft_length", "max_new_tokens",
                     "temperature", "top_k", "top_p", "seed", "ep", "draft_ep", "threads", "draft_threads", "chat",
-                    "options")
+                    "options", "prefill_graph")
 
 
 def prompts_sha256(spec: str, path: Path | None, prompts: list) -> str:

@@ -54,6 +54,7 @@ class ModelFiles:
     tokenizer_file: TokenizerFile    # parsed at load, or on first use (bundle_tokenizer.py)
     chat_template: str | None
     io: dict = field(default_factory=dict)
+    prefill_onnx: Path | None = None  # the target's fp32-compute prefill graph (export/prefill_graph.py), if any
 
     @property
     def tokenizer(self):
@@ -338,7 +339,9 @@ def _load_side(root: Path, manifest: dict, side: str, memory: DigestMemory | Non
             tpl = tpl_path.read_text(encoding="utf-8")
         except (OSError, ValueError) as exc:
             raise BundleError(f"bundle {root}: {side}/chat_template.jinja is unreadable ({exc})") from exc
-    return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer_file=tok, chat_template=tpl, io=io)
+    prefill = optional_file(root, manifest, f"{side}/prefill.onnx", f"{side} prefill graph") if side == "target" else None
+    return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer_file=tok, chat_template=tpl, io=io,
+                      prefill_onnx=prefill)
 
 
 def _why(exc: BaseException) -> str:

@@ -29,6 +29,8 @@ def register(subparsers) -> None:
                    help="1-token target steps: exact (padded where the graph asks; greedy output = speculative "
                         "output, default) or fast (the graph's 1-token path)")
     p.add_argument("--max-draft-length", type=int, default=8, metavar="K", help="the most --draft-length auto drafts")
+    p.add_argument("--prefill-graph", action="store_true",
+                   help="prompts of 96+ tokens on the target's fp32-compute prefill graph (a second session)")
     p.add_argument("--draft-confidence", type=float, default=None, metavar="P",
                    help="stop drafting when the drafter's top probability falls below P")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
@@ -89,7 +91,8 @@ def _generate(args: argparse.Namespace) -> int:
                              draft_length=args.draft_length, ep=_ep(args.ep), draft_ep=_ep(args.draft_ep),
                              threads=args.threads, allow_fallback=args.allow_fallback, draft_probability=a,
                              max_draft_length=args.max_draft_length, draft_confidence=args.draft_confidence,
-                             drafter_window=args.drafter_window, plain_steps=args.plain_steps)
+                             drafter_window=args.drafter_window, plain_steps=args.plain_steps,
+                             prefill_graph=args.prefill_graph)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
               seed=args.seed, stop=args.stop, chat=args.chat)
     if args.stream and not args.json:

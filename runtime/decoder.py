@@ -58,7 +58,8 @@ class SpeculativeDecoder:
                  draft_probability: float | str | None = None, draft_threads: int | None = None,
                  concurrent_draft: bool = True, max_draft_length: int = 8, draft_confidence: float | None = None,
                  drafter_window: int | None = DEFAULT_DRAFTER_WINDOW, plain_steps: str = "exact",
-                 prefix_reuse: bool = True, defer_drafter: bool = True, **strategy_options):
+                 prefix_reuse: bool = True, defer_drafter: bool = True, prefill_graph: bool = False,
+                 **strategy_options):
         # every setting is checked here, first: loading and sessions take seconds
         config = DecodeConfig(get_strategy(strategy), draft_length, max_draft_length, draft_probability,
                               draft_confidence, concurrent_draft, drafter_window, plain_steps, prefix_reuse,
@@ -80,6 +81,14 @@ class SpeculativeDecoder:
         # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
         requests = [dict(model_path=bundle.target.onnx, ep=ep, threads=threads, allow_fallback=allow_fallback,
                          role="target", stop_spinning=uses_drafter)]
+        if prefill_graph:   # long forwards on the fp32-compute graph (export/prefill_graph.py): a second session
+            if bundle.target.prefill_onnx is None:
+                raise GenerationError(f"bundle {bundle.path} has no prefill graph (target/prefill.onnx: exported "
+                                      "before it existed, or not an int8-compute graph); re-export it or drop "
+                                      "prefill_graph")
+            if not is_cpu_only(ep):
+                raise GenerationError("prefill_graph is for the CPU EP (MatMulNBits' compute type there)")
+            requests.append(dict(requests[0], model_path=bundle.target.prefill_onnx, role="target prefill"))
         drafter_request = None
         if uses_drafter:
             drafter_request = dict(model_path=bundle.drafter.onnx, ep=ep if draft_ep is None else draft_ep,
@@ -92,8 +101,9 @@ class SpeculativeDecoder:
         sessions = create_sessions(requests + ([drafter_request] if drafter_request and not defer else []),
                                    beside=lambda: _prepare_text(bundle))
         tinfo = bundle.target.info
-        sess, self.target_session_info = sessions[0]
-        self.target = ModelRunner(sess, "target", bundle.target.max_position)
+        sess, self.target_session_info = sessions.pop(0)
+        prefill = sessions.pop(0)[0] if prefill_graph else None
+        self.target = ModelRunner(sess, "target", bundle.target.max_position, prefill_session=prefill)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
         self.drafter = None
         self.text_context = None
@@ -102,7 +112,7 @@ class SpeculativeDecoder:
                 self.drafter = DeferredRunner(lambda: self._drafter_runner(create_session(**drafter_request)),
                                               bundle.drafter.max_position, [CPU])
             else:
-                self.drafter = self._drafter_runner(sessions[1])
+                self.drafter = self._drafter_runner(sessions[0])
             self.text_context = drafter_context(bundle)          # token tables: built once per decoder
         self.eos_ids = frozenset(bundle.target.eos_ids)
         self._shared = _Shared()

@@ -36,6 +36,10 @@ _ORT_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "te
                  "tensor(bfloat16)": np.float32}
 KV_KEY = "edgespec.kv_cache"
 MIN_TOKENS_KEY = "edgespec.min_forward_tokens"
+# Forwards this long or longer run on the prefill graph where there is one. The int4 1.5B, 2-core Xeon,
+# prefill of 64 / 128 / 512 tokens: 0.81 / 1.56 / 6.51 s on the graph, 0.77 / 1.32 / 5.23 s on the
+# prefill graph; a 5-token forward 113 against 310 ms (export/prefill_graph.py).
+PREFILL_GRAPH_TOKENS = 96
 LOGITS_TO_KEEP = "logits_to_keep"        # the graph input export/last_logits.py adds
 CAPACITY_STEP = 256
 # OrtValue device for an EP's KV buffers; EPs not listed take host memory (ORT copies per run).
@@ -46,6 +50,10 @@ def default_feeds(session) -> dict:
     """Inputs a plain caller leaves at their neutral value: `logits_to_keep` = 0 (every position)."""
     return {LOGITS_TO_KEEP: np.zeros(1, dtype=np.int64)} if any(i.name == LOGITS_TO_KEEP for i in
                                                                   session.get_inputs()) else {}
+
+
+def _io(session) -> tuple:
+    return ([(i.name, i.type) for i in session.get_inputs()], [(o.name, o.type) for o in session.get_outputs()])
 
 
 class ModelRunner:
@@ -59,8 +67,12 @@ class ModelRunner:
     session_info = None        # sessions.SessionInfo, set by whoever created the session
 
     def __init__(self, session, role: str = "model", max_position: int | None = None, exact: bool = True,
-                 head_dim: int | None = None, kv: str = "auto"):
+                 head_dim: int | None = None, kv: str = "auto", prefill_session=None):
         self.session = session
+        # export/prefill_graph.py: the same graph computing in fp32, for forwards of PREFILL_GRAPH_TOKENS or more
+        self.prefill_session = prefill_session
+        if prefill_session is not None and (_io(prefill_session) != _io(session)):
+            raise BundleError(f"{role} prefill graph's inputs and outputs differ from its graph's")
         self.role = role
         self.max_position = max_position
         inputs = {i.name: i for i in session.get_inputs()}
@@ -103,6 +115,7 @@ class ModelRunner:
         self.capacity = 0
         self.device = _DEVICE.get((session.get_providers() or ["CPUExecutionProvider"])[0], "cpu")
         self._binding = None
+        self._prefill_binding = None
         self._kv: list | None = None     # shared layout: one OrtValue per past input (and _host, its arrays on CPU)
         self._host: list = []
         self._logits = np.empty((1, 0, 0), np.float32)
@@ -156,12 +169,21 @@ class ModelRunner:
                 kv.append(ort.OrtValue.ortvalue_from_numpy(h, self.device, 0))
             self._kv = kv
         self._mask = np.ones((1, cap), dtype=np.int64)
-        io = self.session.io_binding()
+        self._binding = self._bind_kv(self.session)
+        if self.prefill_session is not None:       # both graphs read and write the same KV buffers
+            self._prefill_binding = self._bind_kv(self.prefill_session)
+        self.capacity = cap
+
+    def _bind_kv(self, session):
+        io = session.io_binding()
         for past, present, value in zip(self.past_names, self.present_names, self._kv):
             io.bind_ortvalue_input(past, value)
             io.bind_ortvalue_output(present, value)
-        self._binding = io
-        self.capacity = cap
+        return io
+
+    def _on_prefill_graph(self, s: int) -> bool:
+        """Whether an s-token forward runs on the prefill graph."""
+        return self.prefill_session is not None and s >= PREFILL_GRAPH_TOKENS
 
     # ------------------------------------------------------------------ running
     def forward(self, ids: Sequence[int] | np.ndarray, last: int | None = None, pad: bool = True) -> np.ndarray:
@@ -202,7 +224,8 @@ class ModelRunner:
         s = input_ids.shape[1]
         if past + s > self.capacity:
             self._grow(past + s)
-        io = self._binding
+        on_prefill = self._on_prefill_graph(s)
+        io = self._prefill_binding if on_prefill else self._binding
         io.bind_cpu_input("input_ids", input_ids)
         io.bind_cpu_input("attention_mask", self._mask[:, :past + s])
         if self.keeps_last:
@@ -211,7 +234,7 @@ class ModelRunner:
             self._logits = np.empty((1, rows, self.vocab), dtype=np.float32)
         out = self._logits[:, :rows]
         io.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
-        self.session.run_with_iobinding(io)
+        (self.prefill_session if on_prefill else self.session).run_with_iobinding(io)
         if rows > 16:
             self._logits = np.empty((1, 0, 0), np.float32)
         return out[0]
@@ -226,7 +249,7 @@ class ModelRunner:
         for name, arr in zip(self.past_names, self.past):
             # A cropped cache is a strided view; ORT needs C-contiguous input (one copy, only after a crop).
             feeds[name] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-        out = self.session.run(self.output_names, feeds)
+        out = (self.prefill_session if self._on_prefill_graph(s) else self.session).run(self.output_names, feeds)
         self.past = out[1:]
         return out[0][0]
 

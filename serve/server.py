@@ -36,7 +36,7 @@ def make_decoder(bundle, args, defer_drafter: bool = True) -> SpeculativeDecoder
     if gamma == "auto" and not get_strategy(args.strategy).speculative:
         gamma = 1
     return SpeculativeDecoder(bundle, strategy=args.strategy, draft_length=gamma, ep=parse_ep(args.ep),
-                              threads=args.threads, defer_drafter=defer_drafter)
+                              threads=args.threads, defer_drafter=defer_drafter, prefill_graph=args.prefill_graph)
 
 
 def check_args(args) -> None:

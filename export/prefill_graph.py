@@ -1,0 +1,41 @@
+"""The target's prefill graph: the same graph with MatMulNBits computing in fp32 (accuracy_level 1).
+
+An int4 graph for the CPU EP computes with int8 activations (accuracy_level 4): the fastest decode
+step, but on a long prompt ORT's int8 path with 32-weight blocks runs below its fp32 path. On the
+Qwen2.5-Coder 1.5B, 2-core Xeon (AVX-512), a 512-token prefill took 6.51 s at level 4 and 5.23 s at
+level 1 (llama.cpp pp512: 4.91 s), while a 2-token step took 69 ms at level 4 and 276 ms at level 1.
+So the runtime may run long forwards (prompts) through this graph and everything else through
+model.onnx (`SpeculativeDecoder(prefill_graph=True)`, runtime/kv.py). The two graphs share the
+weight file (`model.onnx.data`), the inputs, the outputs and the KV layout; their logits differ by
+the activation rounding only (0.19 at most on the 1.5B's last prompt position), and greedy
+speculation stays identical to greedy `ar` because both prefill through the same graph.
+
+Written beside model.onnx as `prefill.onnx` (a few hundred KB) for graphs with MatMulNBits at a
+level other than 1; an older bundle has none, and `prefill_graph=True` then says so.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+PREFILL_GRAPH = "prefill.onnx"
+FP32_LEVEL = 1
+
+
+def write_prefill_graph(target_dir: Path) -> Path | None:
+    """Write target_dir/prefill.onnx from target_dir/model.onnx; None (nothing written) when the graph
+    has no MatMulNBits computing at another level than fp32."""
+    import onnx  # lazy: the [export] extra
+
+    src = Path(target_dir) / "model.onnx"
+    model = onnx.load(str(src), load_external_data=False)
+    changed = 0
+    for node in (n for n in model.graph.node if n.op_type == "MatMulNBits"):
+        for attr in node.attribute:
+            if attr.name == "accuracy_level" and attr.i not in (0, FP32_LEVEL):   # 0, unset: fp32 already
+                attr.i = FP32_LEVEL
+                changed += 1
+    if not changed:
+        return None
+    out = Path(target_dir) / PREFILL_GRAPH
+    onnx.save_model(model, str(out))     # the initializers keep their external locations: the same data file
+    return out

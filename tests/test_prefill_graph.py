@@ -1,0 +1,98 @@
+"""The target's prefill graph (export/prefill_graph.py, runtime/kv.py): written for int8-compute
+graphs, run for long forwards only, greedy speculation still identical to greedy `ar`, and one-line
+errors where it is missing or cannot run. Tiny int4 bundle from the tiny fixtures' export cache."""
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from edgespec.errors import BundleError, GenerationError
+from edgespec.export.bundle_writer import export_bundle
+from edgespec.export.prefill_graph import PREFILL_GRAPH
+from edgespec.export.quantize_bundle import make_transform
+from edgespec.runtime import Bundle, SpeculativeDecoder
+from edgespec.runtime.kv import PREFILL_GRAPH_TOKENS, ModelRunner
+from edgespec.runtime.sessions import create_session
+
+LONG = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n" * 12
+SHORT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def int4_bundle(tiny_models, tiny_export_cache, tmp_path_factory) -> Path:
+    m = tiny_models["tiny-bl-a"]
+    n = json.loads((m / "config.json").read_text())["vocab_size"]
+    return export_bundle(str(m), str(m), tmp_path_factory.mktemp("prefill") / "b", keep=(3 * n) // 4, pair="tiny-q",
+                         progress=False, cache=tiny_export_cache, transform=make_transform("int4", "int4", quality_tokens=0))
+
+
+def _levels(path: Path) -> list[int]:
+    g = onnx.load(str(path), load_external_data=False).graph
+    return [a.i for n in g.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"]
+
+
+def test_export_writes_a_listed_fp32_compute_twin(int4_bundle):
+    target = int4_bundle / "target"
+    assert set(_levels(target / "model.onnx")) == {4} and set(_levels(target / PREFILL_GRAPH)) == {1}
+    assert len(_levels(target / PREFILL_GRAPH)) == len(_levels(target / "model.onnx"))
+    man = json.loads((int4_bundle / "manifest.json").read_text())
+    assert "target/prefill.onnx" in man["files"] and not (int4_bundle / "drafter" / PREFILL_GRAPH).exists()
+    assert Bundle.load(int4_bundle, verify="full").target.prefill_onnx == target / PREFILL_GRAPH
+
+
+def test_a_float_bundle_has_none_and_the_option_says_so(tiny_same_bundle):
+    b = Bundle.load(tiny_same_bundle)
+    assert b.target.prefill_onnx is None
+    with pytest.raises(GenerationError, match="has no prefill graph.*re-export") as e:
+        SpeculativeDecoder(b, prefill_graph=True, threads=1)
+    assert "\n" not in str(e.value)
+
+
+def test_an_unlisted_prefill_graph_is_refused(int4_bundle, copy_bundle):
+    b = copy_bundle(int4_bundle)
+    man = json.loads((b / "manifest.json").read_text())
+    del man["files"]["target/prefill.onnx"]
+    (b / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BundleError, match="prefill"):
+        Bundle.load(b, verify="none")
+
+
+def test_the_option_is_for_the_cpu_ep(int4_bundle):
+    with pytest.raises(GenerationError, match="CPU EP"):
+        SpeculativeDecoder(int4_bundle, prefill_graph=True, ep="cuda", threads=1)
+
+
+@pytest.mark.parametrize("kv", ["auto", "copy"])
+def test_long_forwards_run_on_the_prefill_graph_and_short_ones_do_not(int4_bundle, kv):
+    b = Bundle.load(int4_bundle)
+    ids = b.target.tokenizer.encode(LONG).ids
+    assert len(ids) >= PREFILL_GRAPH_TOKENS
+
+    def runner(path, prefill=None):
+        return ModelRunner(create_session(path, "cpu", threads=1)[0], "target", kv=kv, prefill_session=prefill)
+
+    main, twin = runner(b.target.onnx), runner(b.target.prefill_onnx)
+    both = runner(b.target.onnx, create_session(b.target.prefill_onnx, "cpu", threads=1)[0])
+    long_both, long_twin, long_main = (r.forward(ids, last=1)[-1].copy() for r in (both, twin, main))
+    assert np.array_equal(long_both, long_twin) and not np.array_equal(long_both, long_main)
+    for r in (both, twin, main):        # then a 3-token step after each one's own prefill
+        r.reset()
+        r.forward(ids[:20])
+    step_both, step_main = both.forward(ids[20:23])[-1], main.forward(ids[20:23])[-1]
+    assert np.array_equal(step_both, step_main)
+
+
+@pytest.mark.parametrize("strategy,gamma", [("tli", 2), ("auto", "auto")])
+def test_greedy_speculation_equals_ar_with_the_prefill_graph(int4_bundle, strategy, gamma):
+    """Cold calls (prefix_reuse=False): a reused prefix keeps the graph that computed it, so against a
+    cold call it may differ by the two graphs' rounding (docs/runtime.md, "Prefill graph")."""
+    b = Bundle.load(int4_bundle)
+    dec = SpeculativeDecoder(b, strategy=strategy, draft_length=gamma, threads=1, prefill_graph=True,
+                             prefix_reuse=False)
+    ar = dec.variant("ar")
+    for prompt in (LONG, SHORT):
+        expect = ar.generate(prompt, max_new_tokens=24).token_ids
+        assert len(expect) > 0
+        assert dec.generate(prompt, max_new_tokens=24).token_ids == expect, prompt[:20]
