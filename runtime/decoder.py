@@ -84,8 +84,8 @@ class SpeculativeDecoder:
         if prefill_graph:   # long forwards on the fp32-compute graph (export/prefill_graph.py): a second session
             if bundle.target.prefill_onnx is None:
                 raise GenerationError(f"bundle {bundle.path} has no prefill graph (target/prefill.onnx: exported "
-                                      "before it existed, or not an int8-compute graph); re-export it or drop "
-                                      "prefill_graph")
+                                      "before it existed, or not an int8-compute graph); re-export it, or run "
+                                      "without prefill_graph (--prefill-graph)")
             if not is_cpu_only(ep):
                 raise GenerationError("prefill_graph is for the CPU EP (MatMulNBits' compute type there)")
             requests.append(dict(requests[0], model_path=bundle.target.prefill_onnx, role="target prefill"))
