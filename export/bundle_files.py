@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from edgespec.errors import ExportError
 from edgespec.export import onnx_export as ox
 from edgespec.export import last_logits, prune
-from edgespec.export.prefill_graph import write_prefill_graph
+from edgespec.export.prefill_graph import write_and_check
 from edgespec.export.graph_info import io_names, weight_stats
 from edgespec.export.kept_vocab import KeptVocab
 from edgespec.export.onnx_export import CachedExport, check_inputs, ort_session, run_prefill_decode
@@ -74,7 +74,7 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
     t_diff = _check_target(t_check)
 
     updates = parts.transform(root) if parts.transform is not None else None
-    write_prefill_graph(root / "target")
+    prefill_diff = write_and_check(root / "target", t.info["vocab_size"])
 
     # Graph statistics: from the export cache / the prune step, unless a transform changed the graphs.
     d_full_stats = d.graph.meta.get("weight_stats") or weight_stats(d.graph.onnx)
@@ -103,6 +103,7 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
               "target_vs_torch_max_abs_diff": t_diff,
               "target_vs_torch": {k: t_check.get(k) for k in ("atol", "rtol", "max_excess_over_rtol", "ok",
                                                               "torch_logit_absmax")},
+              "prefill_graph_vs_graph_max_abs_diff": prefill_diff,
               "drafter_vs_torch_max_abs_diff": d_check["target_vs_torch_max_abs_diff"],
               "drafter_vs_torch_ok": d_check.get("ok"), "constant_outputs_ok": pruned["constants_ok"],
               "input": t_check["input"]}
@@ -136,7 +137,7 @@ def _write_target_only(root: Path, parts: BundleParts) -> dict:
     t_check = t.graph.meta["check"]
     t_diff = _check_target(t_check)
     updates = parts.transform(root) if parts.transform is not None else None
-    write_prefill_graph(root / "target")
+    prefill_diff = write_and_check(root / "target", t.info["vocab_size"])
     onnx_path = root / "target" / "model.onnx"
     stats = weight_stats(onnx_path) if parts.transform is not None else \
         t.graph.meta.get("weight_stats") or weight_stats(onnx_path)
@@ -144,7 +145,7 @@ def _write_target_only(root: Path, parts: BundleParts) -> dict:
     checks = {"target_vs_torch_max_abs_diff": t_diff,
               "target_vs_torch": {k: t_check.get(k) for k in ("atol", "rtol", "max_excess_over_rtol", "ok",
                                                               "torch_logit_absmax")},
-              "input": t_check["input"]}
+              "prefill_graph_vs_graph_max_abs_diff": prefill_diff, "input": t_check["input"]}
     manifest = mf.new_manifest(pair=parts.pair, same_tokenizer=True, target=_side_entry(root, t, stats, io, "target"),
                                drafter=None, vocab=None, checks=checks,
                                export={"versions": t.graph.meta.get("versions"), "task": ox.TASK},

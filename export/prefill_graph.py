@@ -39,3 +39,36 @@ def write_prefill_graph(target_dir: Path) -> Path | None:
     out = Path(target_dir) / PREFILL_GRAPH
     onnx.save_model(model, str(out))     # the initializers keep their external locations: the same data file
     return out
+
+
+def check_prefill_graph(target_dir: Path, vocab_size: int) -> float:
+    """Run both graphs (prepacked, one at a time) on the export's check input in one forward: the
+    prefill graph must load, run and give finite logits of the graph's shape. Returns the max |diff|
+    of their logits (recorded, not judged: it is the activations' rounding)."""
+    import gc
+
+    import numpy as np
+
+    from edgespec.errors import ExportError
+    from edgespec.export.onnx_export import check_inputs, ort_session, run_prefill_decode
+
+    ids = check_inputs(vocab_size)
+    logits = []
+    for name in ("model.onnx", PREFILL_GRAPH):
+        try:
+            sess = ort_session(Path(target_dir) / name, prepack=True)
+            logits.append(run_prefill_decode(sess, ids, prefill=ids.shape[1]))
+        except Exception as exc:  # ORT raises its own types for a graph it cannot load or run
+            raise ExportError(f"the target's {name} does not run on the CPU EP: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:200]}") from exc
+        del sess
+        gc.collect()
+    if logits[1].shape != logits[0].shape or not np.isfinite(logits[1]).all():
+        raise ExportError(f"the target's prefill graph gave logits of shape {logits[1].shape} (graph: "
+                          f"{logits[0].shape}) or non-finite values; no bundle written")
+    return float(np.abs(logits[1] - logits[0]).max())
+
+
+def write_and_check(target_dir: Path, vocab_size: int) -> float | None:
+    """write_prefill_graph, then check_prefill_graph; None where no prefill graph is written."""
+    return None if write_prefill_graph(target_dir) is None else check_prefill_graph(target_dir, vocab_size)

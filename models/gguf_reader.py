@@ -9,14 +9,18 @@ Qwen2.5 GGUFs (this box), 47 s of a pair's pull.
 `FastGGUFReader` slices a plain-ndarray view of the same map while it parses the metadata (2.1 s),
 and leaves tensors as memmap slices, as the base class does: same fields, parts and tensors
 (tests/test_gguf_reader.py checks it against the base reader). `shared_readers()` makes every
-`gguf.GGUFReader(path)` in its scope return one such reader per file. Both rely on gguf-py's private
-`_get` and `_build_tensors`; if a gguf release changes them, the reader falls back to the base class.
+`gguf.GGUFReader(path)` in its scope return one such reader per file: a process-wide swap, meant for
+one conversion at a time (pulls convert one model after the other). Both rely on gguf-py's private
+`_get` and `_build_tensors`; the test fails if a gguf release changes what they parse, and a reader
+that raises AttributeError or TypeError (a changed signature) falls back, with a warning, to the base
+class.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +55,9 @@ def open_reader(path):
     fast = reader_class()
     try:
         return fast(path)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError) as exc:
+        print(f"edgespec: warning: the fast GGUF reader does not fit this gguf version ({type(exc).__name__}: "
+              f"{exc}); parsing with gguf-py's own reader", file=sys.stderr)
         return fast.__mro__[1](path)
 
 

@@ -103,7 +103,7 @@ def register_bench(subparsers) -> None:
                    help="also run onnxruntime-genai's generator on the same graph and prompts, interleaved, as a "
                         "row of the report (greedy, CPU EP, builder bundles)")
     p.add_argument("--prefill-graph", action="store_true",
-                   help="run prompts of 96+ tokens on the target's fp32-compute prefill graph (SpeculativeDecoder("
+                   help="prefill 96+ prompt tokens on the target's fp32-compute prefill graph (SpeculativeDecoder("
                         "prefill_graph=True); every edgespec row, ar included)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run journaled in OUT/records.jsonl (same settings; --limit/--repeats may grow)")

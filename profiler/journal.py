@@ -26,6 +26,7 @@ VERSION = 2                 # 2: records carry draft_length_setting and the per-
 FINGERPRINT_KEYS = ("split", "categories", "strategies", "draft_lengths", "max_draft_length", "max_new_tokens",
                     "temperature", "top_k", "top_p", "seed", "ep", "draft_ep", "threads", "draft_threads", "chat",
                     "options", "prefill_graph")
+FINGERPRINT_DEFAULTS = {"prefill_graph": False}    # keys added later: what journals written before meant
 
 
 def prompts_sha256(spec: str, path: Path | None, prompts: list) -> str:
@@ -70,7 +71,7 @@ def read(out: Path, expected: dict) -> list[dict]:
     if header.get("version") != VERSION:
         raise BenchError(f"--resume: {path} is a version {header.get('version')} journal (an older edgespec); this "
                          f"one reads version {VERSION}: start a new run in another --report directory")
-    have = header.get("fingerprint", {})
+    have = {**FINGERPRINT_DEFAULTS, **header.get("fingerprint", {})}
     if have.get("prompts_sha256") != expected.get("prompts_sha256"):
         raise BenchError(f"--resume: the prompts changed since the run in {out} was journaled (their sha256 "
                          f"differs): restore them, or start a new run in another --report directory")

@@ -30,7 +30,7 @@ def register(subparsers) -> None:
                         "output, default) or fast (the graph's 1-token path)")
     p.add_argument("--max-draft-length", type=int, default=8, metavar="K", help="the most --draft-length auto drafts")
     p.add_argument("--prefill-graph", action="store_true",
-                   help="prompts of 96+ tokens on the target's fp32-compute prefill graph (a second session)")
+                   help="prefill 96+ prompt tokens on the target's fp32-compute prefill graph (a second session)")
     p.add_argument("--draft-confidence", type=float, default=None, metavar="P",
                    help="stop drafting when the drafter's top probability falls below P")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")

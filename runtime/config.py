@@ -21,7 +21,7 @@ from edgespec.runtime.rounds import draft_tokens
 from edgespec.runtime.strategies import Strategy, get_strategy
 
 
-def _check_flag(name: str, value) -> None:
+def check_flag(name: str, value) -> None:
     if not isinstance(value, (bool, np.bool_)):
         raise GenerationError(f"{name} must be True or False, got {value!r}")
 
@@ -46,8 +46,8 @@ class DecodeConfig:
         check_draft_length(self.max_draft_length)
         check_plain_steps(self.plain_steps)
         check_drafter_window(self.drafter_window)
-        _check_flag("prefix_reuse", self.prefix_reuse)
-        _check_flag("concurrent_draft", self.concurrent_draft)
+        check_flag("prefix_reuse", self.prefix_reuse)
+        check_flag("concurrent_draft", self.concurrent_draft)
         c = self.draft_confidence
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c < 1.0):
             raise GenerationError(f"draft_confidence must be in (0, 1) or None, got {c!r}")

@@ -28,7 +28,7 @@ import numpy as np
 from edgespec.errors import BundleError, GenerationError
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.checks import DEFAULT_DRAFTER_WINDOW, check_generation_args
-from edgespec.runtime.config import DecodeConfig
+from edgespec.runtime.config import DecodeConfig, check_flag
 from edgespec.runtime.chat import as_messages, compile_template, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.governor import Governor
@@ -81,14 +81,17 @@ class SpeculativeDecoder:
         # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
         requests = [dict(model_path=bundle.target.onnx, ep=ep, threads=threads, allow_fallback=allow_fallback,
                          role="target", stop_spinning=uses_drafter)]
+        check_flag("prefill_graph", prefill_graph)
         if prefill_graph:   # long forwards on the fp32-compute graph (export/prefill_graph.py): a second session
             if bundle.target.prefill_onnx is None:
-                raise GenerationError(f"bundle {bundle.path} has no prefill graph (target/prefill.onnx: exported "
-                                      "before it existed, or not an int8-compute graph); re-export it, or run "
+                raise GenerationError(f"bundle {bundle.path} has no prefill graph (target/prefill.onnx): only int4 and "
+                                      "int8 CPU exports from 2026-11-26 on have one; re-export such a bundle, or run "
                                       "without prefill_graph (--prefill-graph)")
             if not is_cpu_only(ep):
                 raise GenerationError("prefill_graph is for the CPU EP (MatMulNBits' compute type there)")
-            requests.append(dict(requests[0], model_path=bundle.target.prefill_onnx, role="target prefill"))
+            # its threads stop spinning after each prefill: the next run is always the main graph's
+            requests.append(dict(requests[0], model_path=bundle.target.prefill_onnx, role="target prefill",
+                                 stop_spinning=True))
         drafter_request = None
         if uses_drafter:
             drafter_request = dict(model_path=bundle.drafter.onnx, ep=ep if draft_ep is None else draft_ep,

@@ -39,7 +39,7 @@ MIN_TOKENS_KEY = "edgespec.min_forward_tokens"
 # Forwards this long or longer run on the prefill graph where there is one. The int4 1.5B, 2-core Xeon,
 # prefill of 64 / 128 / 512 tokens: 0.81 / 1.56 / 6.51 s on the graph, 0.77 / 1.32 / 5.23 s on the
 # prefill graph; a 5-token forward 113 against 310 ms (export/prefill_graph.py).
-PREFILL_GRAPH_TOKENS = 96
+PREFILL_GRAPH_TOKENS = 96     # above any verify forward (tests/test_prefill_graph.py checks it)
 LOGITS_TO_KEEP = "logits_to_keep"        # the graph input export/last_logits.py adds
 CAPACITY_STEP = 256
 # OrtValue device for an EP's KV buffers; EPs not listed take host memory (ORT copies per run).

@@ -26,8 +26,8 @@ def _decoder_args(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="intra-op threads per session (default: measured policy)")
     p.add_argument("--verify", default="fast", choices=["full", "fast", "none"], help="bundle file checks (default fast)")
     p.add_argument("--prefill-graph", action="store_true",
-                   help="prompts of 96+ tokens on the target's fp32-compute prefill graph: about 17-20%% less time "
-                        "to the first token on long prompts, for a second session (docs/runtime.md)")
+                   help="prefill 96+ prompt tokens on the target's fp32-compute prefill graph: about 17-20%% less "
+                        "time to the first token on long prompts, for a second session (docs/runtime.md)")
 
 
 def register(subparsers) -> None:

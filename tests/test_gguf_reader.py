@@ -60,7 +60,7 @@ def test_fast_reader_refuses_a_bad_file_as_the_base_does(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUX" + bytes(60))
     with pytest.raises(ValueError, match="magic"):
-        gguf_reader.open_reader(str(bad))
+        gguf_reader.reader_class()(str(bad))
 
 
 def test_shared_readers_parse_each_file_once_and_restore_the_class(tmp_path):

@@ -13,6 +13,7 @@ from edgespec.export.bundle_writer import export_bundle
 from edgespec.export.prefill_graph import PREFILL_GRAPH
 from edgespec.export.quantize_bundle import make_transform
 from edgespec.runtime import Bundle, SpeculativeDecoder
+from edgespec.runtime.checks import MAX_DRAFT_LENGTH
 from edgespec.runtime.kv import PREFILL_GRAPH_TOKENS, ModelRunner
 from edgespec.runtime.sessions import create_session
 
@@ -59,9 +60,27 @@ def test_an_unlisted_prefill_graph_is_refused(int4_bundle, copy_bundle):
         Bundle.load(b, verify="none")
 
 
-def test_the_option_is_for_the_cpu_ep(int4_bundle):
+def test_a_listed_but_missing_prefill_graph_is_refused(int4_bundle, copy_bundle):
+    b = copy_bundle(int4_bundle)
+    (b / "target" / PREFILL_GRAPH).unlink()
+    with pytest.raises(BundleError, match="missing file target/prefill.onnx"):
+        Bundle.load(b, verify="none")
+
+
+def test_the_option_is_for_the_cpu_ep_and_a_flag(int4_bundle):
     with pytest.raises(GenerationError, match="CPU EP"):
         SpeculativeDecoder(int4_bundle, prefill_graph=True, ep="cuda", threads=1)
+    with pytest.raises(GenerationError, match="prefill_graph must be True or False"):
+        SpeculativeDecoder(int4_bundle, prefill_graph="no", threads=1)
+
+
+def test_verify_forwards_never_reach_the_prefill_graph():
+    assert MAX_DRAFT_LENGTH + 1 < PREFILL_GRAPH_TOKENS
+
+
+def test_the_export_checked_it(int4_bundle):
+    diff = json.loads((int4_bundle / "manifest.json").read_text())["checks"]["prefill_graph_vs_graph_max_abs_diff"]
+    assert diff is not None and 0 <= diff < 1.0
 
 
 @pytest.mark.parametrize("kv", ["auto", "copy"])
@@ -77,7 +96,16 @@ def test_long_forwards_run_on_the_prefill_graph_and_short_ones_do_not(int4_bundl
     both = runner(b.target.onnx, create_session(b.target.prefill_onnx, "cpu", threads=1)[0])
     long_both, long_twin, long_main = (r.forward(ids, last=1)[-1].copy() for r in (both, twin, main))
     assert np.array_equal(long_both, long_twin) and not np.array_equal(long_both, long_main)
-    for r in (both, twin, main):        # then a 3-token step after each one's own prefill
+    # the long forward wrote the KV the main graph then reads: a 3-token step after it equals the step
+    # of a copy-layout runner, whose KV travels as inputs (so it cannot read other buffers)
+    kv_of = (lambda r: [h[:, :, :r.length] for h in r._host]) if kv == "auto" else (lambda r: r.past)
+    assert all(np.array_equal(a, t) for a, t in zip(kv_of(both), kv_of(twin)))
+    copy = ModelRunner(create_session(b.target.onnx, "cpu", threads=1)[0], "target", kv="copy",
+                       prefill_session=create_session(b.target.prefill_onnx, "cpu", threads=1)[0])
+    copy.forward(ids, last=1)
+    step = ids[5:8]
+    assert np.allclose(both.forward(step)[-1], copy.forward(step)[-1], atol=1e-4)
+    for r in (both, twin, main):        # then a 3-token step after each one's own short prefill
         r.reset()
         r.forward(ids[:20])
     step_both, step_main = both.forward(ids[20:23])[-1], main.forward(ids[20:23])[-1]
