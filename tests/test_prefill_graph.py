@@ -124,3 +124,17 @@ def test_greedy_speculation_equals_ar_with_the_prefill_graph(int4_bundle, strate
         expect = ar.generate(prompt, max_new_tokens=24).token_ids
         assert len(expect) > 0
         assert dec.generate(prompt, max_new_tokens=24).token_ids == expect, prompt[:20]
+
+
+def test_generate_cli_takes_the_flag(int4_bundle, tiny_same_bundle, capsys):
+    from edgespec.cli import main
+
+    args = ["generate", "--bundle", str(int4_bundle), "--prompt", LONG, "--max-new-tokens", "8", "--threads", "1",
+            "--prefill-graph", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    ref = SpeculativeDecoder(int4_bundle, strategy="ar", threads=1, prefill_graph=True).generate(LONG, max_new_tokens=8)
+    assert out["token_ids"] == ref.token_ids
+    assert main(["generate", "--bundle", str(tiny_same_bundle), "--prompt", "x", "--prefill-graph"]) == 2
+    err = capsys.readouterr().err
+    assert "has no prefill graph" in err and "--prefill-graph" in err and err.count("\n") == 1
