@@ -7,7 +7,7 @@ level 1 (llama.cpp pp512: 4.91 s), while a 2-token step took 69 ms at level 4 an
 So the runtime may run long forwards (prompts) through this graph and everything else through
 model.onnx (`SpeculativeDecoder(prefill_graph=True)`, runtime/kv.py). The two graphs share the
 weight file (`model.onnx.data`), the inputs, the outputs and the KV layout; their logits differ by
-the activation rounding only (0.19 at most on the 1.5B's last prompt position), and greedy
+the activation rounding only (0.19 at the last position of 512 random tokens on the 1.5B), and greedy
 speculation stays identical to greedy `ar` because both prefill through the same graph.
 
 Written beside model.onnx as `prefill.onnx` (a few hundred KB) for graphs with MatMulNBits at a
