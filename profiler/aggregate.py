@@ -31,7 +31,7 @@ from edgespec.profiler.settings import FAST_BASELINE, is_auto
 from edgespec.runtime.strategies import get_strategy
 
 # summarised per repeat, reported as the median over repeats with a [min, max] spread
-MEDIAN_FIELDS = ("acceptance_rate", "tau", "tokens_per_s", "speedup", "decode_tokens_per_s", "decode_speedup",
+MEDIAN_FIELDS = ("acceptance_rate", "guess_acceptance", "tau", "tokens_per_s", "speedup", "decode_tokens_per_s", "decode_speedup",
                  "ttft_ms", "ttft_ratio", "tpot_ms", "draft_step_ms", "draft_prefill_ms", "reused_tokens",
                  "target_decode_ms", "bandwidth_gbs", "prefill_ms_per_token", "draft_ms_per_token",
                  "verify_ms_per_token", "overhead_ms_per_token", "overhead_share", "sampler_share")
@@ -52,6 +52,7 @@ def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma, manifest: dict)
     ar_tokens, ar_total = _sum(ar_recs, "new_tokens"), _sum(ar_recs, "total_ms")
     drafted, accepted = _sum(recs, "drafted"), _sum(recs, "accepted")
     verify_fw = _sum(recs, "verify_forwards")
+    guesses = sum(r.get("guesses") or 0 for r in recs)         # absent from journals before pad_guess
     decode_tokens = tokens - _sum(recs, "prefill_tokens")
     tps = 1e3 * tokens / total if total > 0 else None
     ar_tps = 1e3 * ar_tokens / ar_total if ar_total > 0 else None
@@ -64,6 +65,8 @@ def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma, manifest: dict)
         "ar_new_tokens": int(ar_tokens), "ar_total_ms": ar_total,
         "drafted": int(drafted), "accepted": int(accepted), "verify_forwards": int(verify_fw),
         "acceptance_rate": accepted / drafted if drafted else None,
+        "guesses": int(guesses),
+        "guess_acceptance": sum(r.get("guesses_accepted") or 0 for r in recs) / guesses if guesses else None,
         "tau": decode_tokens / verify_fw if verify_fw else None,
         "tokens_per_s": tps,
         "speedup": M.ratio(tps, ar_tps),

@@ -50,11 +50,11 @@ from edgespec.runtime.strategies import STRATEGIES, get_strategy
 RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms",
                 "draft_prefill_ms", "draft_prefill_tokens", "draft_refills", "reused_tokens", "draft_ms",
                 "verify_ms", "overhead_ms", "sampler_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted",
-                "accepted", "drafter_resyncs", "drafter_fallback_steps", "fallback_ms", "stop_reason", "providers",
+                "accepted", "guesses", "guesses_accepted", "drafter_resyncs", "drafter_fallback_steps", "fallback_ms", "stop_reason", "providers",
                 "fallbacks")
 STEP_LISTS = ("accepted_per_step", "drafted_per_step", "gamma_per_step")     # kept for drafting rows only
 DECODER_OPTIONS = ("draft_probability", "concurrent_draft", "draft_confidence", "plain_steps",
-                   "drafter_window")   # decoder keywords, not strategy's
+                   "drafter_window", "pad_guess")   # decoder keywords, not strategy's
 WARMUP_TOKENS = 8
 
 

@@ -19,7 +19,7 @@ PLOT_CATEGORY = "acceptance_by_category.png"
 GENERATION_FIELDS = ("repeat", "prompt_id", "category", "strategy", "draft_length", "draft_length_setting",
                      "new_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms", "draft_ms", "verify_ms",
                      "overhead_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted", "accepted",
-                     "drafter_resyncs", "fallback_ms", "stop_reason", "peak_rss_mb", "sampler_ms", "output_sha256")
+                     "guesses", "guesses_accepted", "drafter_resyncs", "fallback_ms", "stop_reason", "peak_rss_mb", "sampler_ms", "output_sha256")
 
 
 def setting(run: dict):

@@ -2,6 +2,7 @@
 tokens per second, from estimates measured in this process (nothing hard-coded):
 
     E[tokens | gamma] = 1 + sum_{j<=gamma} prod_{i<=j} alpha_i     (alpha_i: acceptance at draft position i)
+    E[tokens | 0]     = 1 + g     (g: the share of plain steps whose free guess was kept, rounds.plain_step)
     gamma*            = argmax_gamma E[tokens | gamma] / round_ms(gamma);   gamma = 0 is plain decoding
 
 round_ms(n) is the measured wall time of whole rounds that drafted n tokens (drafter forwards, the
@@ -42,6 +43,8 @@ class Governor:
         self.rounds_at_zero = 0
         self.speculative_rounds = 0
         self.current = 1
+        self.plain_steps = 0.0                      # decayed count of plain steps that could guess
+        self.guesses_kept = 0.0
 
     def choose(self, limit: int) -> int:
         """gamma for the next round, at most `limit` (tokens left, drafter context room). Moves by at
@@ -74,7 +77,8 @@ class Governor:
         """Expected tokens per ms for gamma = 0..limit."""
         pooled = (self.accepted.sum() + 1.0) / (self.reached.sum() + 2.0)
         alpha = (self.accepted[:limit] + POOL_WEIGHT * pooled) / (self.reached[:limit] + POOL_WEIGHT)
-        expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(alpha))])
+        guess = self.guesses_kept / (self.plain_steps + 1.0)
+        expected = 1.0 + np.concatenate([[guess], np.cumsum(np.cumprod(alpha))])
         return expected / self.cost(limit)
 
     def cost(self, limit: int) -> np.ndarray:
@@ -87,9 +91,13 @@ class Governor:
         own = self.samples[:limit + 1] >= TRUSTED
         return np.where(own, self.round_ms[:limit + 1], line)
 
-    def update(self, drafted: int, accepted: int, round_ms: float | None) -> None:
+    def update(self, drafted: int, accepted: int, round_ms: float | None, guess_kept: int | None = None) -> None:
         """Book one round: positions 1..drafted were reached up to the first rejection. round_ms=None:
-        a round that is not typical of its length (the drafter's prefill or catch-up); timing not used."""
+        a round that is not typical of its length (the drafter's prefill or catch-up); timing not used.
+        guess_kept: a plain step that could guess (0 or 1 kept; None: no guess possible)."""
+        if guess_kept is not None:
+            self.plain_steps = DECAY * self.plain_steps + 1.0
+            self.guesses_kept = DECAY * self.guesses_kept + guess_kept
         self.reached *= DECAY
         self.accepted *= DECAY
         self.reached[:min(drafted, accepted + 1)] += 1.0

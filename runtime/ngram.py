@@ -20,30 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from edgespec.errors import GenerationError
+from edgespec.runtime.lookup import DEFAULT_MAX_N, lookup
 from edgespec.runtime.rounds import Draft, draft_tokens, lookup_draft
 
-DEFAULT_MAX_N = 4
-LOOKBACK = 4096             # search the last tokens only: O(LOOKBACK) per round
 COMBINED_MIN_N = 2          # ngram-tli in drafter mode: a 1-token match is a weaker guess than the drafter's
 HIT_EMA = 0.25              # ngram-tli: weight of this round in the lookup's hit rate
 LOOKUP_MODE = 0.5           # ngram-tli: hit rate at or above which it drafts like `ngram`
-
-
-def lookup(history: np.ndarray, max_n: int, gamma: int, min_n: int = 1) -> tuple[list[int], int]:
-    """(the up-to-gamma tokens that followed the latest earlier occurrence of history's last n tokens,
-    n) for the largest n in max_n..min_n that has one; ([], 0) when none."""
-    hist = history[-LOOKBACK:]
-    size = hist.shape[0]
-    for n in range(min(max_n, size - 1), min_n - 1, -1):
-        windows = sliding_window_view(hist[:size - 1], n)      # starts i with i + n <= size - 1
-        hits = np.flatnonzero((windows == hist[size - n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return hist[start:start + gamma].tolist(), n
-    return [], 0
 
 
 def check(bundle, options) -> None:
@@ -75,7 +59,7 @@ class LookupState:
 
 
 def start(gen) -> LookupState:
-    return LookupState(int(gen.config.options.get("ngram_max_n", DEFAULT_MAX_N)))
+    return LookupState(gen.lookup_max_n)
 
 
 def source(state: LookupState) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 
 from edgespec.errors import GenerationError
 from edgespec.runtime.context import DrafterContext, DrafterWindow
+from edgespec.runtime.lookup import DEFAULT_MAX_N, lookup
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.verify import verify_greedy, verify_sampled
@@ -43,6 +44,7 @@ class Draft:
     q: np.ndarray | None = None
     keep: list[int] = field(default_factory=list)
     refeed: bool = False
+    guess: bool = False                 # a plain step's free guess (plain_step), not the strategy's draft
     finish: Callable[[], None] = _nothing
 
     @property
@@ -52,7 +54,7 @@ class Draft:
 
 def speculative_round(gen: "Generation", gamma: int) -> list[int]:
     """One round; returns the committed target ids (accepted drafts + one target token)."""
-    propose, accept = (gen.propose, gen.strategy.accept) if gamma > 0 else (draft_tokens, accept_tokens)
+    propose, accept = (gen.propose, gen.strategy.accept) if gamma > 0 else (plain_step, accept_tokens)
     draft = propose(gen, gamma)
     try:
         logits = gen.target.forward([gen.last, *draft.tokens], pad=bool(draft.tokens) or gen.config.plain_steps == "exact")
@@ -84,21 +86,30 @@ def draft_tokens(gen: "Generation", gamma: int) -> Draft:
     return draft
 
 
-def lookup_draft(gen: "Generation", tokens: list[int]) -> Draft:
-    """A draft of given target ids (prompt lookup, ngram.py): q is one-hot on each; the drafter's
-    context, if there is a drafter, takes them like its own drafts."""
-    dc, draft = gen.drafter_ctx, Draft(tokens=list(tokens))
+def lookup_draft(gen: "Generation", tokens: list[int], guess: bool = False) -> Draft:
+    """A draft of given target ids (prompt lookup: ngram.py, plain_step): q is one-hot on each. The
+    drafter's context does not take them while drafting; the accepted ones enter it at commit (refeed)."""
+    keep = len(gen.drafter_ctx.ids) if gen.drafter_ctx is not None else 0
+    draft = Draft(tokens=list(tokens), keep=[keep] * (len(tokens) + 1), refeed=True, guess=guess)
     if not gen.params.greedy:
         draft.q = gen.q_rows[:len(tokens)]
         for j, x in enumerate(tokens):
             draft.q[j].fill(0.0)
             draft.q[j, x] = 1.0
-    for x in tokens:
-        if dc is not None:
-            draft.keep.append(len(dc.ids))
-            dc.draft(x)
-    draft.keep.append(len(dc.ids)) if dc is not None else draft.keep.extend([0] * (len(tokens) + 1))
     return draft
+
+
+def plain_step(gen: "Generation", gamma: int = 0) -> Draft:
+    """A round without drafts (gamma = 0). Where the target pads a 1-token step to its min_forward_tokens
+    (kv.py: int8-activation graphs), the padded position is computed anyway. With `pad_guess` it carries
+    a guess instead of a copy: the token that followed the latest earlier occurrence of the context's
+    last n tokens (lookup.py), verified like any draft. The step then commits 1 + [guess accepted]
+    tokens for the cost of a padded step (one 2-token forward); a step with no match is padded as before."""
+    if gen.pad_guess and gen.max_new_tokens - len(gen.generated) >= 2:
+        found, _ = lookup(np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64), gen.lookup_max_n, 1)
+        if found:
+            return lookup_draft(gen, found, guess=True)
+    return draft_tokens(gen, 0)
 
 
 def _top_probability(kept_logits: np.ndarray) -> float:
@@ -126,7 +137,11 @@ def commit(gen: "Generation", draft: Draft, n_acc: int, t: int) -> None:
     committed tail)."""
     gen.target.crop(gen.target.length - (len(draft.tokens) - n_acc))
     gen.stats.record_verify(len(draft.tokens) + 1, gen.target.last_ms)
-    gen.stats.record_block(len(draft.tokens), n_acc)
+    if draft.guess:                     # not the strategy's draft: booked apart (stats.py)
+        gen.stats.record_block(0, 0)
+        gen.stats.record_guess(n_acc)
+    else:
+        gen.stats.record_block(len(draft.tokens), n_acc)
     gen.last = t
     if gen.drafter_ctx is not None:
         gen.drafter_ctx.sync(draft.keep[n_acc], [*draft.tokens[:n_acc], t] if draft.refeed else [t])
@@ -157,6 +172,10 @@ class Generation:
             d = dec.bundle.drafter
             window = DrafterWindow(cfg.drafter_window, d.bos_id if d.add_bos else None)
             self.drafter_ctx = DrafterContext(dec.text_context, dec.drafter, window)
+        # plain steps of a speculative strategy carry a free guess where the target pads them (plain_step)
+        self.pad_guess = (cfg.pad_guess and cfg.strategy.speculative and cfg.plain_steps == "exact"
+                          and cfg.draft_probability is None and dec.target.min_tokens >= 2)
+        self.lookup_max_n = int(cfg.options.get("ngram_max_n", DEFAULT_MAX_N))
         self.generated: list[int] = []
         self.last = -1
         self.id = generation_id
@@ -213,7 +232,8 @@ class Generation:
             st.fallback_ms += ms
         if governor is not None:     # a round whose drafter caught up on many tokens (its prefill, or after
             catch_up = self.drafter is not None and self.drafter.tokens_fed - fed > gamma + 2   # plain steps)
-            governor.update(st.drafted_per_step[-1], st.accepted_per_step[-1], None if catch_up else ms)
+            guessed = len(new) - 1 if gamma == 0 and self.pad_guess else None     # a plain step's guess kept
+            governor.update(st.drafted_per_step[-1], st.accepted_per_step[-1], None if catch_up else ms, guessed)
         return new
 
     def draft_budget(self) -> int:

@@ -14,6 +14,10 @@ Counts
 - `drafted`: draft tokens proposed to the target (summed over verify forwards).
 - `accepted`: draft tokens the target accepted. The token the target emits itself after the
   accepted drafts (the correction or the bonus token) is NOT counted in `accepted`.
+- `guesses`, `guesses_accepted`: plain steps (gamma = 0) of a speculative strategy whose padded
+  position carried a prompt-lookup guess (rounds.plain_step, `pad_guess`), and how many the target
+  kept. Not in `drafted`/`accepted` (the strategy's own drafts) nor in the per-step lists (0 there);
+  a kept guess is a committed token, so it is in `tau`.
 - `drafter_resyncs`: times the drafter context had to be rebuilt by re-tokenising committed text
   (a target token with no drafter counterpart); mapping through target->drafter does not count.
 - `drafter_fallback_steps`: verify forwards run with no drafts because the drafter's own context
@@ -96,6 +100,8 @@ class GenerationStats:
     draft_forwards: int = 0
     drafted: int = 0
     accepted: int = 0
+    guesses: int = 0
+    guesses_accepted: int = 0
     drafter_resyncs: int = 0
     drafter_fallback_steps: int = 0
     slem_realignments: int = 0
@@ -172,6 +178,11 @@ class GenerationStats:
         self.accepted += accepted
         self.drafted_per_step.append(drafted)
         self.accepted_per_step.append(accepted)
+
+    def record_guess(self, accepted: int) -> None:
+        """Book a plain step's guess (rounds.plain_step): kept (1) or not (0)."""
+        self.guesses += 1
+        self.guesses_accepted += accepted
 
     def record_verify(self, k: int, ms: float) -> None:
         self.verify_forwards += 1

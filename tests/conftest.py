@@ -7,6 +7,8 @@ Fixtures (session-scoped unless noted):
   tiny_same_bundle     Path: target tiny-bl-a, drafter tiny-bl-b (same byte-level tokenizer), head pruned to 3/4
   tiny_self_bundle     Path: tiny-bl-a as both target and pruned drafter (greedy acceptance ~1)
   tiny_hetero_bundle   Path: target tiny-bl-a (byte-level), drafter tiny-sp (SentencePiece-style, pruned)
+  tiny_int4_bundle     Path: tiny-bl-a as target and pruned drafter, int4 (accuracy_level 4: 1-token target
+                       steps padded to 2, min_forward_tokens), with the target's prefill graph
   tiny_export_cache    Path of the ONNX export cache the tiny bundles used
   copy_bundle          (function) copy_bundle(path) -> a private copy under tmp_path, safe to corrupt
   smollm_self_bundle   Path: the real smollm-self pair exported with keep 8192 (marks: use with @pytest.mark.real)
@@ -71,6 +73,18 @@ def tiny_self_bundle(_tiny_build) -> Path:
 @pytest.fixture(scope="session")
 def tiny_hetero_bundle(_tiny_build) -> Path:
     return _tiny_build["hetero"]
+
+
+@pytest.fixture(scope="session")
+def tiny_int4_bundle(tiny_models, tiny_export_cache, tmp_path_factory) -> Path:
+    import json
+
+    from edgespec.export.bundle_writer import export_bundle
+    from edgespec.export.quantize_bundle import make_transform
+    m = tiny_models["tiny-bl-a"]
+    n = json.loads((m / "config.json").read_text())["vocab_size"]
+    return export_bundle(str(m), str(m), tmp_path_factory.mktemp("int4") / "b", keep=(3 * n) // 4, pair="tiny-q",
+                         progress=False, cache=tiny_export_cache, transform=make_transform("int4", "int4", quality_tokens=0))
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from edgespec.errors import GenerationError
 from edgespec.runtime import Bundle, SpeculativeDecoder, ngram
 from edgespec.runtime import rounds as rounds_module
 from edgespec.runtime.governor import Governor
-from edgespec.runtime.ngram import lookup
+from edgespec.runtime.lookup import lookup
 from edgespec.runtime.sampling import SamplingParams, sample
 
 PROMPTS = ["The quick brown fox. The quick brown", "def add(a, b):\n    return a + b\n\ndef add(",
@@ -154,7 +154,7 @@ def test_ngram_tli_auto_keeps_one_governor_per_proposer(tiny_self_bundle):
 
 def test_ngram_tli_switches_between_lookup_and_drafter_mode():
     # history ends in 9; 9 occurred once before (followed by 4): a 1-token match only
-    gen = SimpleNamespace(config=SimpleNamespace(gamma=3, options={}), prompt_ids=[9, 4, 5, 6, 7, 9], generated=[],
+    gen = SimpleNamespace(config=SimpleNamespace(gamma=3, options={}), prompt_ids=[9, 4, 5, 6, 7, 9], generated=[], lookup_max_n=4,
                           drafter=object())
     state = ngram.start(gen)
 

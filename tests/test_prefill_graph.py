@@ -9,9 +9,7 @@ import onnx
 import pytest
 
 from edgespec.errors import BundleError, GenerationError
-from edgespec.export.bundle_writer import export_bundle
 from edgespec.export.prefill_graph import PREFILL_GRAPH
-from edgespec.export.quantize_bundle import make_transform
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime.checks import MAX_DRAFT_LENGTH
 from edgespec.runtime.kv import PREFILL_GRAPH_TOKENS, ModelRunner
@@ -22,11 +20,8 @@ SHORT = "The quick brown fox"
 
 
 @pytest.fixture(scope="module")
-def int4_bundle(tiny_models, tiny_export_cache, tmp_path_factory) -> Path:
-    m = tiny_models["tiny-bl-a"]
-    n = json.loads((m / "config.json").read_text())["vocab_size"]
-    return export_bundle(str(m), str(m), tmp_path_factory.mktemp("prefill") / "b", keep=(3 * n) // 4, pair="tiny-q",
-                         progress=False, cache=tiny_export_cache, transform=make_transform("int4", "int4", quality_tokens=0))
+def int4_bundle(tiny_int4_bundle) -> Path:
+    return tiny_int4_bundle
 
 
 def _levels(path: Path) -> list[int]:

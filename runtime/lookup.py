@@ -1,0 +1,23 @@
+"""Prompt lookup: the tokens that followed the latest earlier occurrence of the context's last n tokens.
+ngram.py drafts with it; rounds.py's plain steps take one free guess from it (`plain_step`)."""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+DEFAULT_MAX_N = 4           # the longest suffix searched (ngram_max_n)
+LOOKBACK = 4096             # search the last tokens only: O(LOOKBACK) per round
+
+
+def lookup(history: np.ndarray, max_n: int, gamma: int, min_n: int = 1) -> tuple[list[int], int]:
+    """(the up-to-gamma tokens that followed the latest earlier occurrence of history's last n tokens,
+    n) for the largest n in max_n..min_n that has one; ([], 0) when none."""
+    hist = history[-LOOKBACK:]
+    size = hist.shape[0]
+    for n in range(min(max_n, size - 1), min_n - 1, -1):
+        windows = sliding_window_view(hist[:size - 1], n)      # starts i with i + n <= size - 1
+        hits = np.flatnonzero((windows == hist[size - n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return hist[start:start + gamma].tolist(), n
+    return [], 0
