@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from edgespec.errors import ExportError
 from edgespec.export import onnx_export as ox
-from edgespec.export import last_logits, prune
+from edgespec.export import last_logits, padded_attention, prune
 from edgespec.export.prefill_graph import write_and_check
 from edgespec.export.graph_info import io_names, weight_stats
 from edgespec.export.kept_vocab import KeptVocab
@@ -74,6 +74,7 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
     t_diff = _check_target(t_check)
 
     updates = parts.transform(root) if parts.transform is not None else None
+    padded_diff = _padded_attention(root / "target")
     prefill_diff = write_and_check(root / "target", t.info["vocab_size"])
 
     # Graph statistics: from the export cache / the prune step, unless a transform changed the graphs.
@@ -104,6 +105,7 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
               "target_vs_torch": {k: t_check.get(k) for k in ("atol", "rtol", "max_excess_over_rtol", "ok",
                                                               "torch_logit_absmax")},
               "prefill_graph_vs_graph_max_abs_diff": prefill_diff,
+              "padded_attention_vs_padded_steps_max_abs_diff": padded_diff,
               "drafter_vs_torch_max_abs_diff": d_check["target_vs_torch_max_abs_diff"],
               "drafter_vs_torch_ok": d_check.get("ok"), "constant_outputs_ok": pruned["constants_ok"],
               "input": t_check["input"]}
@@ -115,6 +117,14 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
         _deep_merge(manifest, updates)
     mf.write_manifest(root, manifest)
     return manifest
+
+
+def _padded_attention(target_dir: Path) -> float | None:
+    """export/padded_attention.py on the target, checked on held-out text in the target's tokens."""
+    from edgespec.export.quality import held_out_ids
+
+    ids = np.concatenate(held_out_ids(target_dir / "tokenizer.json", n_tokens=64, segment=64))[:28]
+    return padded_attention.write_and_check(target_dir, ids)
 
 
 def _check_target(t_check: dict) -> float:
@@ -137,6 +147,7 @@ def _write_target_only(root: Path, parts: BundleParts) -> dict:
     t_check = t.graph.meta["check"]
     t_diff = _check_target(t_check)
     updates = parts.transform(root) if parts.transform is not None else None
+    padded_diff = _padded_attention(root / "target")
     prefill_diff = write_and_check(root / "target", t.info["vocab_size"])
     onnx_path = root / "target" / "model.onnx"
     stats = weight_stats(onnx_path) if parts.transform is not None else \
@@ -145,7 +156,8 @@ def _write_target_only(root: Path, parts: BundleParts) -> dict:
     checks = {"target_vs_torch_max_abs_diff": t_diff,
               "target_vs_torch": {k: t_check.get(k) for k in ("atol", "rtol", "max_excess_over_rtol", "ok",
                                                               "torch_logit_absmax")},
-              "prefill_graph_vs_graph_max_abs_diff": prefill_diff, "input": t_check["input"]}
+              "prefill_graph_vs_graph_max_abs_diff": prefill_diff,
+              "padded_attention_vs_padded_steps_max_abs_diff": padded_diff, "input": t_check["input"]}
     manifest = mf.new_manifest(pair=parts.pair, same_tokenizer=True, target=_side_entry(root, t, stats, io, "target"),
                                drafter=None, vocab=None, checks=checks,
                                export={"versions": t.graph.meta.get("versions"), "task": ox.TASK},

@@ -11,7 +11,9 @@ the activation rounding only (0.19 at the last position of 512 random tokens on 
 speculation stays identical to greedy `ar` because both prefill through the same graph.
 
 Written beside model.onnx as `prefill.onnx` (a few hundred KB) for graphs with MatMulNBits at a
-level other than 1; an older bundle has none, and `prefill_graph=True` then says so.
+level other than 1; an older bundle has none, and `prefill_graph=True` then says so. Where the bundle
+has a padded-attention graph (export/padded_attention.py), the runtime's graph, it is made from that
+one, so that both sessions feed and write the KV cache alike.
 """
 from __future__ import annotations
 
@@ -21,13 +23,20 @@ PREFILL_GRAPH = "prefill.onnx"
 FP32_LEVEL = 1
 
 
+def runtime_graph(target_dir: Path) -> Path:
+    """The graph the runtime runs for the target: the padded-attention graph where there is one."""
+    from edgespec.export.padded_attention import PADDED_GRAPH
+
+    padded = Path(target_dir) / PADDED_GRAPH
+    return padded if padded.is_file() else Path(target_dir) / "model.onnx"
+
+
 def write_prefill_graph(target_dir: Path) -> Path | None:
     """Write target_dir/prefill.onnx from target_dir/model.onnx; None (nothing written) when the graph
     has no MatMulNBits computing at another level than fp32."""
     import onnx  # lazy: the [export] extra
 
-    src = Path(target_dir) / "model.onnx"
-    model = onnx.load(str(src), load_external_data=False)
+    model = onnx.load(str(runtime_graph(target_dir)), load_external_data=False)
     changed = 0
     for node in (n for n in model.graph.node if n.op_type == "MatMulNBits"):
         for attr in node.attribute:
@@ -42,26 +51,28 @@ def write_prefill_graph(target_dir: Path) -> Path | None:
 
 
 def check_prefill_graph(target_dir: Path, vocab_size: int) -> float:
-    """Run both graphs (prepacked, one at a time) on the export's check input in one forward: the
-    prefill graph must load, run and give finite logits of the graph's shape. Returns the max |diff|
-    of their logits (recorded, not judged: it is the activations' rounding)."""
+    """Run the runtime's graph and the prefill graph (prepacked, one at a time, through the runtime's
+    runner) on the export's check input in one forward: the prefill graph must load, run and give
+    finite logits of the graph's shape. Returns the max |diff| of their logits (recorded, not judged:
+    it is the activations' rounding)."""
     import gc
 
     import numpy as np
 
     from edgespec.errors import ExportError
-    from edgespec.export.onnx_export import check_inputs, ort_session, run_prefill_decode
+    from edgespec.export.onnx_export import check_inputs, ort_session
+    from edgespec.runtime.kv import ModelRunner
 
-    ids = check_inputs(vocab_size)
+    ids = check_inputs(vocab_size)[0]
     logits = []
-    for name in ("model.onnx", PREFILL_GRAPH):
+    for path in (runtime_graph(target_dir), Path(target_dir) / PREFILL_GRAPH):
         try:
-            sess = ort_session(Path(target_dir) / name, prepack=True)
-            logits.append(run_prefill_decode(sess, ids, prefill=ids.shape[1]))
+            runner = ModelRunner(ort_session(path, prepack=True), "check")
+            logits.append(runner.forward(ids).copy())
         except Exception as exc:  # ORT raises its own types for a graph it cannot load or run
-            raise ExportError(f"the target's {name} does not run on the CPU EP: {type(exc).__name__}: "
+            raise ExportError(f"the target's {path.name} does not run on the CPU EP: {type(exc).__name__}: "
                               f"{str(exc).splitlines()[0][:200]}") from exc
-        del sess
+        del runner
         gc.collect()
     if logits[1].shape != logits[0].shape or not np.isfinite(logits[1]).all():
         raise ExportError(f"the target's prefill graph gave logits of shape {logits[1].shape} (graph: "

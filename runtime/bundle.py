@@ -55,6 +55,13 @@ class ModelFiles:
     chat_template: str | None
     io: dict = field(default_factory=dict)
     prefill_onnx: Path | None = None  # the target's fp32-compute prefill graph (export/prefill_graph.py), if any
+    padded_onnx: Path | None = None   # the target's padded-attention graph (export/padded_attention.py), if any
+
+    @property
+    def runtime_onnx(self) -> Path:
+        """The graph the runtime runs: the padded-attention graph where there is one (model.onnx stays
+        the builder's graph, for onnxruntime-genai)."""
+        return self.padded_onnx or self.onnx
 
     @property
     def tokenizer(self):
@@ -339,9 +346,12 @@ def _load_side(root: Path, manifest: dict, side: str, memory: DigestMemory | Non
             tpl = tpl_path.read_text(encoding="utf-8")
         except (OSError, ValueError) as exc:
             raise BundleError(f"bundle {root}: {side}/chat_template.jinja is unreadable ({exc})") from exc
-    prefill = optional_file(root, manifest, f"{side}/prefill.onnx", f"{side} prefill graph") if side == "target" else None
+    prefill = padded = None
+    if side == "target":
+        prefill = optional_file(root, manifest, f"{side}/prefill.onnx", f"{side} prefill graph")
+        padded = optional_file(root, manifest, f"{side}/padded_attention.onnx", f"{side} padded-attention graph")
     return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer_file=tok, chat_template=tpl, io=io,
-                      prefill_onnx=prefill)
+                      prefill_onnx=prefill, padded_onnx=padded)
 
 
 def _why(exc: BaseException) -> str:

@@ -79,7 +79,7 @@ class SpeculativeDecoder:
         if uses_drafter and config.strategy.check:      # refuse before paying for the sessions
             config.strategy.check(bundle, dict(config.options))
         # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
-        requests = [dict(model_path=bundle.target.onnx, ep=ep, threads=threads, allow_fallback=allow_fallback,
+        requests = [dict(model_path=bundle.target.runtime_onnx, ep=ep, threads=threads, allow_fallback=allow_fallback,
                          role="target", stop_spinning=uses_drafter)]
         check_flag("prefill_graph", prefill_graph)
         if prefill_graph:   # long forwards on the fp32-compute graph (export/prefill_graph.py): a second session

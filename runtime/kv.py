@@ -36,6 +36,10 @@ _ORT_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "te
                  "tensor(bfloat16)": np.float32}
 KV_KEY = "edgespec.kv_cache"
 MIN_TOKENS_KEY = "edgespec.min_forward_tokens"
+# export/padded_attention.py: the graph appends this many copies of the last row to attention's queries
+# (and drops them after), so it takes a mask that many positions longer and writes that many extra KV
+# positions, which the runner never counts (the next forward overwrites them).
+PAD_ROWS_KEY = "edgespec.attention_pad_rows"
 # Forwards this long or longer run on the prefill graph where there is one. The int4 1.5B, 2-core Xeon,
 # prefill of 64 / 128 / 512 tokens: 0.81 / 1.56 / 6.51 s on the graph, 0.77 / 1.32 / 5.23 s on the
 # prefill graph; a 5-token forward 113 against 310 ms (export/prefill_graph.py).
@@ -50,6 +54,10 @@ def default_feeds(session) -> dict:
     """Inputs a plain caller leaves at their neutral value: `logits_to_keep` = 0 (every position)."""
     return {LOGITS_TO_KEEP: np.zeros(1, dtype=np.int64)} if any(i.name == LOGITS_TO_KEEP for i in
                                                                   session.get_inputs()) else {}
+
+
+def _meta(session) -> dict:
+    return getattr(session.get_modelmeta(), "custom_metadata_map", None) or {}
 
 
 def _io(session) -> tuple:
@@ -100,10 +108,13 @@ class ModelRunner:
         self.kv_dtype = _ORT_TO_NUMPY.get(inputs[self.past_names[0]].type, np.float32)
         self.vocab = session.get_outputs()[outputs.index("logits")].shape[-1]
         self.output_names = ["logits", *self.present_names]
-        meta = getattr(session.get_modelmeta(), "custom_metadata_map", None) or {}
+        meta = _meta(session)
         # A quantized graph may declare that 1-token forwards take another kernel path (MatMulNBits with
         # accuracy_level 4); forward() then pads them so every forward computes the same function.
         self.min_tokens = max(1, int(meta.get(MIN_TOKENS_KEY, 1))) if exact else 1
+        self.pad_rows = max(0, int(meta.get(PAD_ROWS_KEY, 0)))
+        if prefill_session is not None and _meta(prefill_session).get(PAD_ROWS_KEY) != meta.get(PAD_ROWS_KEY):
+            raise BundleError(f"{role} prefill graph's attention padding differs from its graph's")
         if kv not in ("auto", "copy"):
             raise ValueError(f"kv must be 'auto' or 'copy', got {kv!r}")
         self.shared = kv == "auto" and meta.get(KV_KEY) == "shared"
@@ -141,8 +152,8 @@ class ModelRunner:
 
     def reserve(self, positions: int) -> None:
         """Make room for `positions` cached positions now (shared layout), so no forward grows the cache."""
-        if self.shared and positions > self.capacity:
-            self._grow(positions)
+        if self.shared and positions + self.pad_rows > self.capacity:
+            self._grow(positions + self.pad_rows)
 
     def _grow(self, needed: int) -> None:
         import onnxruntime as ort  # lazy: importing the runtime (and `edgespec --help`) needs no onnxruntime
@@ -222,12 +233,13 @@ class ModelRunner:
 
     def _run_shared(self, input_ids: np.ndarray, past: int, rows: int) -> np.ndarray:
         s = input_ids.shape[1]
-        if past + s > self.capacity:
-            self._grow(past + s)
+        end = past + s + self.pad_rows          # the graph also writes its pad rows' KV (never counted)
+        if end > self.capacity:
+            self._grow(end)
         on_prefill = self._on_prefill_graph(s)
         io = self._prefill_binding if on_prefill else self._binding
         io.bind_cpu_input("input_ids", input_ids)
-        io.bind_cpu_input("attention_mask", self._mask[:, :past + s])
+        io.bind_cpu_input("attention_mask", self._mask[:, :end])
         if self.keeps_last:
             io.bind_cpu_input(LOGITS_TO_KEEP, self._keep_feed(rows, s))
         if rows > 16 or self._logits.shape[1] < rows:     # a prefill-sized buffer is not kept (see below)
@@ -241,7 +253,7 @@ class ModelRunner:
 
     def _run_copy(self, input_ids: np.ndarray, past: int, rows: int) -> np.ndarray:
         s = input_ids.shape[1]
-        feeds = {"input_ids": input_ids, "attention_mask": np.ones((1, past + s), dtype=np.int64)}
+        feeds = {"input_ids": input_ids, "attention_mask": np.ones((1, past + s + self.pad_rows), dtype=np.int64)}
         if self.keeps_last:
             feeds[LOGITS_TO_KEEP] = self._keep_feed(rows, s)
         if self.has_position_ids:
@@ -250,13 +262,14 @@ class ModelRunner:
             # A cropped cache is a strided view; ORT needs C-contiguous input (one copy, only after a crop).
             feeds[name] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
         out = (self.prefill_session if self._on_prefill_graph(s) else self.session).run(self.output_names, feeds)
-        self.past = out[1:]
+        self.past = [p[:, :, :past + s] for p in out[1:]] if self.pad_rows else out[1:]
         return out[0][0]
 
     def run_extra(self, names: Sequence[str]) -> list[np.ndarray]:
         """Run a 1-token forward on a fresh cache just to read constant outputs (e.g. the drafter's
         `index_map`); the runner's cache is left untouched."""
-        feeds = {"input_ids": np.zeros((1, 1), dtype=np.int64), "attention_mask": np.ones((1, 1), dtype=np.int64)}
+        feeds = {"input_ids": np.zeros((1, 1), dtype=np.int64),
+                 "attention_mask": np.ones((1, 1 + self.pad_rows), dtype=np.int64)}
         if self.has_position_ids:
             feeds["position_ids"] = np.zeros((1, 1), dtype=np.int64)
         feeds.update(default_feeds(self.session))

@@ -1,0 +1,120 @@
+"""The target's padded-attention graph: exact 1-token steps at the speed of plain ones.
+
+On the CPU EP an int4 builder graph's 1-token forward computes other logits than the same position in
+a wider forward (0.13-0.2 on the Qwen2.5-Coder 1.5B), so until now the runtime padded every 1-token
+step to 2 tokens (`edgespec.min_forward_tokens`), at about 1.13x the cost. Comparing the graph's
+intermediate outputs row by row on the 1.5B (2-core Xeon, ORT 1.31) located the difference: every
+MatMulNBits gives the same row whatever the number of rows, and it is GroupQueryAttention with a past
+whose 1-query path (its probabilities x V product, M = 1) rounds differently from its path for 2+
+queries. So only attention needs a second row.
+
+This graph appends a copy of the last row of each GroupQueryAttention's packed QKV input (Slice +
+Concat) and drops the extra output row after it (Slice). Every projection, MLP and the LM head run on
+the real rows only; attention always sees 2+ queries. The graph takes an attention mask one position
+longer and writes one extra KV position, which the runtime never counts (`edgespec.attention_pad_rows`,
+runtime/kv.py) and the next forward overwrites. On the 1.5B its 1-token step gave logits identical to
+the padded 2-token step of model.onnx (max |diff| 0.0) in 62.6 ms, against 64.0 ms for model.onnx's
+1-token step and 72.9 ms for the padded one (/tmp script, 300-token past, median of 30).
+
+Written beside model.onnx as `padded_attention.onnx` (a few hundred KB, the same `model.onnx.data`)
+for graphs that ask for padded steps and have GroupQueryAttention. model.onnx stays the builder's
+graph: onnxruntime-genai runs it (bench `--peers`). The export checks that the new graph's forwards of
+every width agree with model.onnx's padded ones, and keeps the padding otherwise.
+"""
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import numpy as np
+
+PADDED_GRAPH = "padded_attention.onnx"
+PAD_ROWS = 1
+TOLERANCE = 0.0            # identical: the edit changes which kernels run, not what they compute
+
+
+def pad_attention(model) -> int:
+    """Edit an onnx.ModelProto in place: each GroupQueryAttention gets its last query row twice and
+    returns its real rows only. Returns the number of attention nodes edited."""
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    consts = {"last": -1, "end": 2**62, "zero": 0, "axis": 1}
+    g.initializer.extend(helper.make_tensor(f"edgespec/pad_attention/{k}", TensorProto.INT64, [1], [v])
+                         for k, v in consts.items())
+    c = {k: f"edgespec/pad_attention/{k}" for k in consts}
+    nodes, edited = [], 0
+    for node in g.node:
+        if node.op_type != "GroupQueryAttention":
+            nodes.append(node)
+            continue
+        qkv, out, name = node.input[0], node.output[0], node.name or f"gqa{edited}"
+        nodes.append(helper.make_node("Slice", [qkv, c["last"], c["end"], c["axis"]], [f"{name}/pad_row"],
+                                      name=f"{name}/pad_slice"))
+        nodes.append(helper.make_node("Concat", [qkv, f"{name}/pad_row"], [f"{name}/padded_qkv"], axis=1,
+                                      name=f"{name}/pad_concat"))
+        node.input[0], node.output[0] = f"{name}/padded_qkv", f"{name}/padded_out"
+        nodes.append(node)
+        nodes.append(helper.make_node("Slice", [f"{name}/padded_out", c["zero"], c["last"], c["axis"]], [out],
+                                      name=f"{name}/unpad"))
+        edited += 1
+    del g.node[:]
+    g.node.extend(nodes)
+    return edited
+
+
+def write_padded_graph(target_dir: Path) -> Path | None:
+    """Write target_dir/padded_attention.onnx from model.onnx; None (nothing written) unless the graph
+    asks for padded steps and has GroupQueryAttention nodes."""
+    import onnx  # lazy: the [export] extra
+
+    from edgespec.runtime.kv import MIN_TOKENS_KEY, PAD_ROWS_KEY
+
+    model = onnx.load(str(Path(target_dir) / "model.onnx"), load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    if int(meta.get(MIN_TOKENS_KEY, 1)) < 2 or not pad_attention(model):
+        return None
+    for p in [p for p in model.metadata_props if p.key in (MIN_TOKENS_KEY, PAD_ROWS_KEY)]:
+        model.metadata_props.remove(p)
+    model.metadata_props.add(key=PAD_ROWS_KEY, value=str(PAD_ROWS))
+    out = Path(target_dir) / PADDED_GRAPH
+    onnx.save_model(model, str(out))     # the initializers keep their external locations: the same data file
+    return out
+
+
+def _logits_by_width(runner, ids: np.ndarray, prefix: int, width: int) -> np.ndarray:
+    """Logits of ids[prefix:] after a prefix-token prefill, fed `width` tokens a forward, through the
+    runtime's own runner (which pads model.onnx's 1-token forwards and feeds the padded graph's mask)."""
+    runner.reset()
+    runner.forward(ids[:prefix])
+    return np.concatenate([runner.forward(ids[i:i + width]).copy() for i in range(prefix, ids.size, width)])
+
+
+def check_padded_graph(target_dir: Path, ids: np.ndarray, prefix: int = 16) -> float:
+    """Max |diff| between model.onnx's padded 1-token forwards and the padded-attention graph's forwards
+    of 1, 2 and 3 tokens and of all of them at once, on the same text (prepacked, one graph at a time)."""
+    from edgespec.export.onnx_export import ort_session
+    from edgespec.runtime.kv import ModelRunner
+
+    target_dir = Path(target_dir)
+    runner = ModelRunner(ort_session(target_dir / "model.onnx", prepack=True), "check")
+    ref = _logits_by_width(runner, ids, prefix, 1)
+    del runner
+    gc.collect()
+    runner = ModelRunner(ort_session(target_dir / PADDED_GRAPH, prepack=True), "check")
+    diff = max(float(np.abs(_logits_by_width(runner, ids, prefix, w) - ref).max()) for w in (1, 2, 3, ids.size - prefix))
+    del runner
+    gc.collect()
+    return diff
+
+
+def write_and_check(target_dir: Path, ids: np.ndarray) -> float | None:
+    """write_padded_graph, then check_padded_graph; a graph that disagrees is removed (the runtime keeps
+    padding 1-token steps). Returns the max |diff|, None where none was written."""
+    path = write_padded_graph(target_dir)
+    if path is None:
+        return None
+    diff = check_padded_graph(target_dir, ids)
+    if diff > TOLERANCE:
+        path.unlink()
+    return diff

@@ -1,0 +1,113 @@
+"""The padded-attention graph (export/padded_attention.py, runtime/kv.py `pad_rows`): exact 1-token steps
+without padding the whole forward. A tiny builder int4 pair whose 1-token forwards differ from wider ones
+by 2e-6 (GroupQueryAttention's 1-query path): exported with the batch-invariance tolerance at 0, so the
+export asks for padded steps and writes the padded-attention graph."""
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from distribution import ALPHA, check_lossless  # tests/ is on sys.path (conftest.py)
+from edgespec.errors import BundleError
+from edgespec.export import quality
+from edgespec.export.bundle_writer import export_bundle
+from edgespec.export.padded_attention import PADDED_GRAPH, check_padded_graph
+from edgespec.runtime import Bundle, SpeculativeDecoder
+from edgespec.runtime.kv import MIN_TOKENS_KEY, PAD_ROWS_KEY, ModelRunner
+from edgespec.runtime.sessions import create_session
+
+PROMPT = "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, item):"
+
+
+@pytest.fixture(scope="module")
+def padded_bundle(tiny_models, tiny_export_cache, tmp_path_factory) -> Path:
+    m = tiny_models["tiny-bl-a"]
+    n = json.loads((m / "config.json").read_text())["vocab_size"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quality, "BATCH_TOL", 0.0)
+        return export_bundle(str(m), str(m), tmp_path_factory.mktemp("padded") / "b", keep=(3 * n) // 4,
+                             pair="tiny-int4", graph="builder", progress=False, cache=tiny_export_cache,
+                             builder={"target": "int4", "drafter": "int4", "quality_tokens": 0})
+
+
+def _runner(path: Path, **kw) -> ModelRunner:
+    return ModelRunner(create_session(path, "cpu", threads=1)[0], "target", **kw)
+
+
+def test_export_writes_a_listed_graph_that_only_pads_attention(padded_bundle):
+    target = padded_bundle / "target"
+    man = json.loads((padded_bundle / "manifest.json").read_text())
+    assert man["target"]["min_forward_tokens"] == 2 and f"target/{PADDED_GRAPH}" in man["files"]
+    assert man["checks"]["padded_attention_vs_padded_steps_max_abs_diff"] == 0.0
+    g = onnx.load(str(target / PADDED_GRAPH), load_external_data=False)
+    meta = {p.key: p.value for p in g.metadata_props}
+    assert meta[PAD_ROWS_KEY] == "1" and MIN_TOKENS_KEY not in meta
+    ops = [n.op_type for n in g.graph.node]
+    base = [n.op_type for n in onnx.load(str(target / "model.onnx"), load_external_data=False).graph.node]
+    assert ops.count("Concat") - base.count("Concat") == base.count("GroupQueryAttention") == 2
+    assert Bundle.load(padded_bundle, verify="full").target.runtime_onnx == target / PADDED_GRAPH
+
+
+@pytest.mark.parametrize("kv", ["auto", "copy"])
+def test_every_width_computes_what_a_padded_step_computes(padded_bundle, kv):
+    """1-token forwards without padding the MLPs, widths 2 and 3, and the KV left behind: logits equal to
+    model.onnx's padded steps, over 30 steps (shared buffers and the copying layout)."""
+    target = padded_bundle / "target"
+    ids = np.asarray(Bundle.load(padded_bundle).target.tokenizer.encode(PROMPT).ids, dtype=np.int64)
+    ref = _runner(target / "model.onnx", kv=kv)
+    assert ref.min_tokens == 2 and ref.pad_rows == 0
+    twin = _runner(target / PADDED_GRAPH, kv=kv)
+    assert twin.min_tokens == 1 and twin.pad_rows == 1
+    for width in (1, 2, 3):
+        ref.reset(), twin.reset()
+        np.testing.assert_array_equal(twin.forward(ids[:8]), ref.forward(ids[:8]))
+        for i in range(8, ids.size, width):
+            chunk = ids[i:i + width]
+            want = np.concatenate([ref.forward(chunk[j:j + 1]).copy() for j in range(chunk.size)])
+            np.testing.assert_array_equal(twin.forward(chunk), want)
+        assert twin.length == ref.length == ids.size
+    twin.crop(10)                      # a rollback, then on: the extra KV position never counts
+    ref.crop(10)
+    np.testing.assert_array_equal(twin.forward(ids[10:12]), ref.forward(ids[10:12]))
+
+
+def test_the_check_measures_the_difference(padded_bundle):
+    ids = np.asarray(Bundle.load(padded_bundle).target.tokenizer.encode(PROMPT).ids, dtype=np.int64)[:28]
+    assert check_padded_graph(padded_bundle / "target", ids) == 0.0
+
+
+def test_greedy_speculation_on_it_equals_ar_and_the_padded_graph(padded_bundle, copy_bundle):
+    dec = SpeculativeDecoder(padded_bundle, strategy="tli", draft_length="auto", threads=1)
+    assert dec.target.pad_rows == 1 and dec.target.min_tokens == 1
+    ar = dec.variant("ar")
+    old = copy_bundle(padded_bundle)                 # the same bundle without the graph: padded steps
+    (old / "target" / PADDED_GRAPH).unlink()
+    man = json.loads((old / "manifest.json").read_text())
+    del man["files"][f"target/{PADDED_GRAPH}"]
+    (old / "manifest.json").write_text(json.dumps(man))
+    padded = SpeculativeDecoder(old, strategy="ar", threads=1)
+    assert padded.target.min_tokens == 2 and padded.target.pad_rows == 0
+    for prompt in (PROMPT, "The quick brown fox"):
+        want = ar.generate(prompt, max_new_tokens=40).token_ids
+        assert padded.generate(prompt, max_new_tokens=40).token_ids == want
+        for variant in (dec, dec.variant("auto"), dec.variant("ngram")):
+            res = variant.generate(prompt, max_new_tokens=40)
+            assert res.token_ids == want and res.stats.guesses == 0    # steps are not padded: nothing to fill
+
+
+def test_sampling_on_it_keeps_the_target_distribution(padded_bundle):
+    b = Bundle.load(padded_bundle)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1)
+    pvals = check_lossless(dec, b, b.target.tokenizer.encode("The quick brown").ids, n=2000, seed=0, temperature=1.0)
+    assert min(pvals.values()) > ALPHA, pvals
+
+
+def test_an_unlisted_padded_graph_is_refused(padded_bundle, copy_bundle):
+    b = copy_bundle(padded_bundle)
+    man = json.loads((b / "manifest.json").read_text())
+    del man["files"][f"target/{PADDED_GRAPH}"]
+    (b / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BundleError, match="padded"):
+        Bundle.load(b, verify="none")
