@@ -114,7 +114,8 @@ def batch_invariance(onnx_path: Path, ids: np.ndarray, threads: int = 1, prefix:
     as the runtime does: `tail` tokens after a `prefix`-token prefill, fed 1, 2, 3 and 12 at a time.
 
     min_forward_tokens: 1 if every width agrees; 2 if 1-token forwards differ but all widths >= 2
-    agree (MatMulNBits with accuracy_level 4 on x86 takes an int8 GEMV path for M = 1 only); None if
+    agree (int8-activation graphs: GroupQueryAttention's 1-query path rounds differently, and the next
+    layer's activation quantisation amplifies it: docs/quantization.md); None if
     widths >= 2 disagree too (no exact speculative decoding on this graph)."""
     if ids.size < prefix + tail:
         raise ExportError(f"batch-invariance check needs {prefix + tail} tokens, got {ids.size}")
@@ -149,7 +150,7 @@ def check_batch_invariance(onnx_path: Path, tokenizer_json: Path, progress: bool
 
         if progress:
             print(f"edgespec: 1-token forwards of the quantized target differ by {res['one_vs_two_max_abs_diff']:.2g} "
-                  "from wider ones (int8 GEMV path): the bundle asks the runtime for >= 2 tokens per forward",
+                  "from wider ones (attention's 1-query path): the bundle asks the runtime for >= 2 tokens per forward",
                   file=sys.stderr, flush=True)
         model = onnx.load(str(onnx_path), load_external_data=False)
         for p in [p for p in model.metadata_props if p.key == MIN_TOKENS_KEY]:

@@ -52,7 +52,7 @@ def repeat_summary(recs: list[dict], ar_recs: list[dict], gamma, manifest: dict)
     ar_tokens, ar_total = _sum(ar_recs, "new_tokens"), _sum(ar_recs, "total_ms")
     drafted, accepted = _sum(recs, "drafted"), _sum(recs, "accepted")
     verify_fw = _sum(recs, "verify_forwards")
-    guesses = sum(r.get("guesses") or 0 for r in recs)         # absent from journals before pad_guess
+    guesses = sum(r.get("guesses") or 0 for r in recs)         # absent from journals before plain_guess
     decode_tokens = tokens - _sum(recs, "prefill_tokens")
     tps = 1e3 * tokens / total if total > 0 else None
     ar_tps = 1e3 * ar_tokens / ar_total if ar_total > 0 else None

@@ -54,7 +54,7 @@ RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "tt
                 "fallbacks")
 STEP_LISTS = ("accepted_per_step", "drafted_per_step", "gamma_per_step")     # kept for drafting rows only
 DECODER_OPTIONS = ("draft_probability", "concurrent_draft", "draft_confidence", "plain_steps",
-                   "drafter_window", "pad_guess")   # decoder keywords, not strategy's
+                   "drafter_window", "plain_guess")   # decoder keywords, not strategy's
 WARMUP_TOKENS = 8
 
 

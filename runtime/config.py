@@ -37,7 +37,7 @@ class DecodeConfig:
     drafter_window: int | None = DEFAULT_DRAFTER_WINDOW   # drafter KV positions (context.DrafterWindow)
     plain_steps: str = "exact"                    # checks.check_plain_steps
     prefix_reuse: bool = True                     # prefix.py
-    pad_guess: bool = True                        # a padded plain step carries a lookup guess (rounds.plain_step)
+    plain_guess: bool = True                      # a plain step may carry a lookup guess (rounds.plain_step)
     options: Mapping = field(default_factory=dict)        # strategy options (Strategy.options)
 
     def __post_init__(self):
@@ -48,7 +48,7 @@ class DecodeConfig:
         check_plain_steps(self.plain_steps)
         check_drafter_window(self.drafter_window)
         check_flag("prefix_reuse", self.prefix_reuse)
-        check_flag("pad_guess", self.pad_guess)
+        check_flag("plain_guess", self.plain_guess)
         check_flag("concurrent_draft", self.concurrent_draft)
         c = self.draft_confidence
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c < 1.0):

@@ -59,11 +59,11 @@ class SpeculativeDecoder:
                  concurrent_draft: bool = True, max_draft_length: int = 8, draft_confidence: float | None = None,
                  drafter_window: int | None = DEFAULT_DRAFTER_WINDOW, plain_steps: str = "exact",
                  prefix_reuse: bool = True, defer_drafter: bool = True, prefill_graph: bool = False,
-                 pad_guess: bool = True, **strategy_options):
+                 plain_guess: bool = True, **strategy_options):
         # every setting is checked here, first: loading and sessions take seconds
         config = DecodeConfig(get_strategy(strategy), draft_length, max_draft_length, draft_probability,
                               draft_confidence, concurrent_draft, drafter_window, plain_steps, prefix_reuse,
-                              pad_guess, strategy_options)
+                              plain_guess, strategy_options)
         check_threads(threads)
         check_threads(draft_threads, "draft_threads")
         if not isinstance(bundle, Bundle):

@@ -2,7 +2,12 @@
 tokens per second, from estimates measured in this process (nothing hard-coded):
 
     E[tokens | gamma] = 1 + sum_{j<=gamma} prod_{i<=j} alpha_i     (alpha_i: acceptance at draft position i)
-    E[tokens | 0]     = 1 + g     (g: the share of plain steps whose free guess was kept, rounds.plain_step)
+    E[tokens | 0]     = 1 + g     (g: the share of plain steps whose lookup guess was kept, rounds.plain_step)
+
+A plain step guesses when the guess pays: always where the target pads the step anyway (the guess is
+free); otherwise while the kept share of guesses is at least the measured extra cost of a 2-token step,
+guess_ms / plain_ms - 1 (re-probed every PROBE_UP plain steps when it is not, and a plain step without a
+guess measured every PROBE_UP guesses until one is).
     gamma*            = argmax_gamma E[tokens | gamma] / round_ms(gamma);   gamma = 0 is plain decoding
 
 round_ms(n) is the measured wall time of whole rounds that drafted n tokens (drafter forwards, the
@@ -43,8 +48,12 @@ class Governor:
         self.rounds_at_zero = 0
         self.speculative_rounds = 0
         self.current = 1
-        self.plain_steps = 0.0                      # decayed count of plain steps that could guess
+        self.plain_steps = 0.0                      # decayed counts over plain steps (gamma = 0)
+        self.guesses = 0.0                          # ... that carried a lookup guess
         self.guesses_kept = 0.0
+        self.step_ms = np.full(2, np.nan)           # EMA ms of a plain step without / with a guess
+        self.unguessed = 0                          # plain steps since the last guess
+        self.guessed_run = 0                        # guesses since the last plain step without one
 
     def choose(self, limit: int) -> int:
         """gamma for the next round, at most `limit` (tokens left, drafter context room). Moves by at
@@ -91,13 +100,29 @@ class Governor:
         own = self.samples[:limit + 1] >= TRUSTED
         return np.where(own, self.round_ms[:limit + 1], line)
 
+    def guess_pays(self) -> bool:
+        """Whether the next plain step should carry a lookup guess (module docstring)."""
+        plain_ms, guess_ms = self.step_ms
+        if np.isnan(plain_ms):                  # no plain step measured yet: one now and then
+            return self.guessed_run < PROBE_UP
+        if self.guesses < TRUSTED or np.isnan(guess_ms) or self.unguessed >= PROBE_UP:
+            return True
+        return self.guesses_kept / self.guesses >= guess_ms / plain_ms - 1.0
+
     def update(self, drafted: int, accepted: int, round_ms: float | None, guess_kept: int | None = None) -> None:
         """Book one round: positions 1..drafted were reached up to the first rejection. round_ms=None:
         a round that is not typical of its length (the drafter's prefill or catch-up); timing not used.
-        guess_kept: a plain step that could guess (0 or 1 kept; None: no guess possible)."""
-        if guess_kept is not None:
+        guess_kept: a plain step's lookup guess, 1 kept or 0 (None: it carried none)."""
+        if drafted == 0:
             self.plain_steps = DECAY * self.plain_steps + 1.0
-            self.guesses_kept = DECAY * self.guesses_kept + guess_kept
+            self.guesses = DECAY * self.guesses + (guess_kept is not None)
+            self.guesses_kept = DECAY * self.guesses_kept + (guess_kept or 0)
+            self.unguessed = 0 if guess_kept is not None else self.unguessed + 1
+            self.guessed_run = self.guessed_run + 1 if guess_kept is not None else 0
+            if round_ms is not None:
+                i = int(guess_kept is not None)
+                old = self.step_ms[i]
+                self.step_ms[i] = round_ms if np.isnan(old) else (1 - EMA) * old + EMA * round_ms
         self.reached *= DECAY
         self.accepted *= DECAY
         self.reached[:min(drafted, accepted + 1)] += 1.0

@@ -52,10 +52,13 @@ class Draft:
         return self.q is not None and len(self.q) > len(self.tokens)
 
 
-def speculative_round(gen: "Generation", gamma: int) -> list[int]:
-    """One round; returns the committed target ids (accepted drafts + one target token)."""
-    propose, accept = (gen.propose, gen.strategy.accept) if gamma > 0 else (plain_step, accept_tokens)
-    draft = propose(gen, gamma)
+def speculative_round(gen: "Generation", gamma: int, guess: bool = False) -> list[int]:
+    """One round; returns the committed target ids (accepted drafts + one target token). `guess`: a
+    plain step (gamma = 0) may carry a prompt-lookup guess (plain_step)."""
+    if gamma > 0:
+        draft, accept = gen.propose(gen, gamma), gen.strategy.accept
+    else:
+        draft, accept = plain_step(gen, guess), accept_tokens
     try:
         logits = gen.target.forward([gen.last, *draft.tokens], pad=bool(draft.tokens) or gen.config.plain_steps == "exact")
     finally:                            # never leave a drafter forward running behind us
@@ -99,13 +102,14 @@ def lookup_draft(gen: "Generation", tokens: list[int], guess: bool = False) -> D
     return draft
 
 
-def plain_step(gen: "Generation", gamma: int = 0) -> Draft:
-    """A round without drafts (gamma = 0). Where the target pads a 1-token step to its min_forward_tokens
-    (kv.py: int8-activation graphs), the padded position is computed anyway. With `pad_guess` it carries
-    a guess instead of a copy: the token that followed the latest earlier occurrence of the context's
-    last n tokens (lookup.py), verified like any draft. The step then commits 1 + [guess accepted]
-    tokens for the cost of a padded step (one 2-token forward); a step with no match is padded as before."""
-    if gen.pad_guess and gen.max_new_tokens - len(gen.generated) >= 2:
+def plain_step(gen: "Generation", guess: bool) -> Draft:
+    """A round without drafts (gamma = 0). With `guess`, its forward also carries a guess of the token
+    after next: the token that followed the latest earlier occurrence of the context's last n tokens
+    (lookup.py), verified like any draft. A kept guess commits 2 tokens for one forward. Where the target
+    pads a 1-token step anyway (kv.py: min_forward_tokens) the guess takes the padded position and costs
+    nothing; elsewhere it makes the forward 2 tokens wide, and the governor decides whether that pays
+    (Governor.guess_pays). No match, or no room for 2 tokens: a plain step."""
+    if guess and gen.max_new_tokens - len(gen.generated) >= 2:
         found, _ = lookup(np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64), gen.lookup_max_n, 1)
         if found:
             return lookup_draft(gen, found, guess=True)
@@ -172,9 +176,10 @@ class Generation:
             d = dec.bundle.drafter
             window = DrafterWindow(cfg.drafter_window, d.bos_id if d.add_bos else None)
             self.drafter_ctx = DrafterContext(dec.text_context, dec.drafter, window)
-        # plain steps of a speculative strategy carry a free guess where the target pads them (plain_step)
-        self.pad_guess = (cfg.pad_guess and cfg.strategy.speculative and cfg.plain_steps == "exact"
-                          and cfg.draft_probability is None and dec.target.min_tokens >= 2)
+        # plain steps of a speculative strategy may carry a lookup guess (plain_step): with a governor when
+        # it pays, without one where the target pads the step anyway (free)
+        self.plain_guess = cfg.plain_guess and cfg.strategy.speculative and cfg.draft_probability is None
+        self.free_guess = cfg.plain_steps == "exact" and dec.target.min_tokens >= 2
         self.lookup_max_n = int(cfg.options.get("ngram_max_n", DEFAULT_MAX_N))
         self.generated: list[int] = []
         self.last = -1
@@ -224,16 +229,18 @@ class Generation:
         if gamma and self.drafter is not None and self.drafter.pending:
             st.drafter_load_ms += self.drafter.build()     # a deferred drafter session: built for this first draft
         fed = self.drafter.tokens_fed if self.drafter is not None else 0
+        guesses_before = st.guesses
         t0 = time.perf_counter()
-        new = speculative_round(self, gamma)
+        guess = self.plain_guess and gamma == 0 and (self.free_guess or governor is not None and governor.guess_pays())
+        new = speculative_round(self, gamma, guess)
         ms = (time.perf_counter() - t0) * 1e3
         st.gamma_per_step.append(gamma)
         if gamma == 0 and self.config.gamma:
             st.fallback_ms += ms
         if governor is not None:     # a round whose drafter caught up on many tokens (its prefill, or after
             catch_up = self.drafter is not None and self.drafter.tokens_fed - fed > gamma + 2   # plain steps)
-            guessed = len(new) - 1 if gamma == 0 and self.pad_guess else None     # a plain step's guess kept
-            governor.update(st.drafted_per_step[-1], st.accepted_per_step[-1], None if catch_up else ms, guessed)
+            kept = len(new) - 1 if st.guesses > guesses_before else None     # a plain step's guess: 1 kept, 0 not
+            governor.update(st.drafted_per_step[-1], st.accepted_per_step[-1], None if catch_up else ms, kept)
         return new
 
     def draft_budget(self) -> int:

@@ -14,9 +14,8 @@ Counts
 - `drafted`: draft tokens proposed to the target (summed over verify forwards).
 - `accepted`: draft tokens the target accepted. The token the target emits itself after the
   accepted drafts (the correction or the bonus token) is NOT counted in `accepted`.
-- `guesses`, `guesses_accepted`: plain steps (gamma = 0) of a speculative strategy whose padded
-  position carried a prompt-lookup guess (rounds.plain_step, `pad_guess`), and how many the target
-  kept. Not in `drafted`/`accepted` (the strategy's own drafts) nor in the per-step lists (0 there);
+- `guesses`, `guesses_accepted`: plain steps (gamma = 0) of a speculative strategy that carried a
+  prompt-lookup guess (rounds.plain_step, `plain_guess`), and how many the target kept. Not in `drafted`/`accepted` (the strategy's own drafts) nor in the per-step lists (0 there);
   a kept guess is a committed token, so it is in `tau`.
 - `drafter_resyncs`: times the drafter context had to be rebuilt by re-tokenising committed text
   (a target token with no drafter counterpart); mapping through target->drafter does not count.

@@ -92,9 +92,22 @@ def test_greedy_speculation_on_it_equals_ar_and_the_padded_graph(padded_bundle, 
     for prompt in (PROMPT, "The quick brown fox"):
         want = ar.generate(prompt, max_new_tokens=40).token_ids
         assert padded.generate(prompt, max_new_tokens=40).token_ids == want
-        for variant in (dec, dec.variant("auto"), dec.variant("ngram")):
-            res = variant.generate(prompt, max_new_tokens=40)
-            assert res.token_ids == want and res.stats.guesses == 0    # steps are not padded: nothing to fill
+        for variant in (dec, dec.variant("auto"), dec.variant("ngram"), dec.variant("tli", draft_length=3)):
+            assert variant.generate(prompt, max_new_tokens=40).token_ids == want
+
+
+def test_plain_steps_guess_where_the_governor_says_it_pays(padded_bundle, monkeypatch):
+    """1-token steps are not padded here, so a guess widens the forward: the governor decides (at first it
+    guesses); with a fixed draft length nothing guesses. Either way the output is ar's."""
+    from edgespec.runtime import governor
+    monkeypatch.setattr(governor.Governor, "choose", lambda self, limit: 0)   # every round a plain step
+    dec = SpeculativeDecoder(padded_bundle, strategy="tli", draft_length="auto", threads=1)
+    prompt = PROMPT * 3
+    want = dec.variant("ar").generate(prompt, max_new_tokens=30).token_ids
+    res = dec.generate(prompt, max_new_tokens=30)
+    assert res.token_ids == want and res.stats.guesses > 0
+    fixed = dec.variant("tli", draft_length=3, plain_guess=True)
+    assert fixed.generate(prompt, max_new_tokens=30).stats.guesses == 0
 
 
 def test_sampling_on_it_keeps_the_target_distribution(padded_bundle):

@@ -80,7 +80,7 @@ def test_quantized_greedy_identity_with_ar(qbundles, scheme):
 
 
 def test_batch_invariance_is_checked_and_declared(qbundles):
-    """accuracy_level 4 takes an int8 GEMV path for 1-token forwards only: the export measures it and
+    """accuracy_level 4: 1-token forwards compute other logits than wider ones; the export measures it and
     the graph asks for >= 2 tokens per forward, which ModelRunner honours."""
     from edgespec.runtime.kv import ModelRunner
     from edgespec.runtime.sessions import create_session

@@ -1,4 +1,4 @@
-"""A padded plain step's free guess (runtime/rounds.py `plain_step`, `pad_guess`): where the target pads a
+"""A plain step's lookup guess (runtime/rounds.py `plain_step`, `plain_guess`): where the target pads a
 1-token step to 2 (int8-activation graphs), the pad position carries a prompt-lookup guess. Greedy output
 stays identical to `ar`, sampling keeps the target's distribution (with a negative control), and it is
 off wherever there is no pad to fill. Tiny int4 bundle (min_forward_tokens 2)."""
@@ -10,7 +10,7 @@ from edgespec.errors import GenerationError
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime import governor as governor_module
 from edgespec.runtime import rounds as rounds_module
-from edgespec.runtime.governor import Governor
+from edgespec.runtime.governor import PROBE_UP, Governor
 from edgespec.runtime.sampling import SamplingParams
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add("
@@ -44,7 +44,7 @@ def test_plain_steps_guess_with_the_real_lookup_and_stay_identical_to_ar(int4, p
     assert st.drafted == 0 and set(st.gamma_per_step) == {0} and st.guesses > 0
     assert st.verify_forwards == len(res.token_ids) - 1 - st.guesses_accepted      # a kept guess saves a step
     assert len(st.drafted_per_step) == len(st.gamma_per_step) == st.verify_forwards
-    off = dec.variant(pad_guess=False).generate(PROMPT, max_new_tokens=40)
+    off = dec.variant(plain_guess=False).generate(PROMPT, max_new_tokens=40)
     assert off.token_ids == ar.token_ids and off.stats.guesses == 0
     assert off.stats.verify_forwards == len(ar.token_ids) - 1
 
@@ -73,14 +73,11 @@ def test_auto_with_guesses_equals_ar(int4):
             prompt, max_new_tokens=48).token_ids
 
 
-def test_no_guess_where_no_pad_is_free(int4, tiny_self_bundle, plain_only):
+def test_ar_and_randomised_drafting_never_guess(int4, plain_only):
     b, dec = int4
     assert dec.variant("ar").generate(PROMPT, max_new_tokens=24).stats.guesses == 0          # the reference
-    assert dec.variant(plain_steps="fast").generate(PROMPT, max_new_tokens=24).stats.guesses == 0
     assert dec.variant(draft_probability=0.5).generate(PROMPT, max_new_tokens=24, temperature=1.0,
                                                       seed=1).stats.guesses == 0
-    fp32 = SpeculativeDecoder(tiny_self_bundle, strategy="tli", draft_length="auto", threads=1)
-    assert fp32.target.min_tokens == 1 and fp32.generate(PROMPT, max_new_tokens=24).stats.guesses == 0
 
 
 def test_the_last_token_of_the_budget_is_not_guessed(int4, plain_only):
@@ -89,11 +86,29 @@ def test_the_last_token_of_the_budget_is_not_guessed(int4, plain_only):
     assert len(res.token_ids) == 2 and res.stats.guesses == 0
 
 
-def test_pad_guess_is_a_flag(int4):
+def test_plain_guess_is_a_flag(int4):
     b, dec = int4
-    with pytest.raises(GenerationError, match="pad_guess must be True or False") as e:
-        SpeculativeDecoder(b, pad_guess="yes", threads=1)
+    with pytest.raises(GenerationError, match="plain_guess must be True or False") as e:
+        SpeculativeDecoder(b, plain_guess="yes", threads=1)
     assert "\n" not in str(e.value)
+
+
+def test_the_governor_guesses_while_a_guess_pays_for_its_wider_forward():
+    gov = Governor(4)
+    assert gov.guess_pays()                              # nothing measured: guess
+    for _ in range(PROBE_UP):
+        gov.update(0, 0, 12.0, guess_kept=0)
+    assert not gov.guess_pays()                          # a plain step's cost is unknown: measure one
+    gov.update(0, 0, 10.0)
+    assert not gov.guess_pays()                          # 20% dearer, never kept
+    for _ in range(PROBE_UP - 2):
+        gov.update(0, 0, 10.0)
+    assert not gov.guess_pays()
+    gov.update(0, 0, 10.0)
+    assert gov.guess_pays()                              # a re-probe after PROBE_UP plain steps
+    for _ in range(40):
+        gov.update(0, 0, 12.0, guess_kept=1)             # kept every time: worth 20% more time
+    assert gov.guess_pays()
 
 
 def test_the_governor_counts_kept_guesses_in_a_plain_step():
