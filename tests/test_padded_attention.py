@@ -124,3 +124,15 @@ def test_an_unlisted_padded_graph_is_refused(padded_bundle, copy_bundle):
     (b / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(BundleError, match="padded"):
         Bundle.load(b, verify="none")
+
+
+def test_a_reused_prefix_gives_the_cold_calls_tokens(padded_bundle):
+    """Prefix reuse over a KV cache that the graph wrote one extra position into at every forward."""
+    dec = SpeculativeDecoder(padded_bundle, strategy="auto", threads=1)
+    first = dec.generate(PROMPT, max_new_tokens=20)
+    follow = first.prompt_token_ids + first.token_ids + dec.encode_prompt("\n# and a test for it\n")
+    reused = dec.generate(follow, max_new_tokens=20)
+    assert reused.stats.reused_tokens > len(first.prompt_token_ids)
+    cold = SpeculativeDecoder(padded_bundle, strategy="auto", threads=1, prefix_reuse=False).generate(
+        follow, max_new_tokens=20)
+    assert reused.token_ids == cold.token_ids
