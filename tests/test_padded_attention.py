@@ -22,13 +22,14 @@ PROMPT = "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, i
 
 
 @pytest.fixture(scope="module")
-def padded_bundle(tiny_models, tiny_export_cache, tmp_path_factory) -> Path:
+def padded_bundle(tiny_models, tmp_path_factory) -> Path:
     m = tiny_models["tiny-bl-a"]
     n = json.loads((m / "config.json").read_text())["vocab_size"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(quality, "BATCH_TOL", 0.0)
         return export_bundle(str(m), str(m), tmp_path_factory.mktemp("padded") / "b", keep=(3 * n) // 4,
-                             pair="tiny-int4", graph="builder", progress=False, cache=tiny_export_cache,
+                             pair="tiny-int4", graph="builder", progress=False,
+                             cache=tmp_path_factory.mktemp("padded-cache"),
                              builder={"target": "int4", "drafter": "int4", "quality_tokens": 0})
 
 

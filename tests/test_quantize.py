@@ -206,7 +206,8 @@ def test_quality_check_is_recorded_and_meaningful(qbundles, tiny_export_cache):
 
 def _cached_export(cache: Path, name: str) -> Path:
     for meta in cache.glob("*/edgespec-export.json"):
-        if json.loads(meta.read_text())["name"] == name:
+        m = json.loads(meta.read_text())
+        if m["name"] == name and (m.get("graph") or {}).get("precision", "fp32") == "fp32":   # the float graph
             return meta.parent / "model.onnx"
     raise AssertionError(f"no cached export of {name} in {cache}")
 
