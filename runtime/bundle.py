@@ -346,10 +346,9 @@ def _load_side(root: Path, manifest: dict, side: str, memory: DigestMemory | Non
             tpl = tpl_path.read_text(encoding="utf-8")
         except (OSError, ValueError) as exc:
             raise BundleError(f"bundle {root}: {side}/chat_template.jinja is unreadable ({exc})") from exc
-    prefill = padded = None
-    if side == "target":
-        prefill = optional_file(root, manifest, f"{side}/prefill.onnx", f"{side} prefill graph")
-        padded = optional_file(root, manifest, f"{side}/padded_attention.onnx", f"{side} padded-attention graph")
+    target = side == "target"     # the target's optional graphs: export/prefill_graph.py, export/padded_attention.py
+    prefill = optional_file(root, manifest, "target/prefill.onnx", "target prefill graph") if target else None
+    padded = optional_file(root, manifest, "target/padded_attention.onnx", "target padded-attention graph") if target else None
     return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer_file=tok, chat_template=tpl, io=io,
                       prefill_onnx=prefill, padded_onnx=padded)
 
