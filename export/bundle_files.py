@@ -74,7 +74,7 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
     t_diff = _check_target(t_check)
 
     updates = parts.transform(root) if parts.transform is not None else None
-    padded_diff = _padded_attention(root / "target")
+    padded_diff = padded_attention.write_and_check(root / "target")
     prefill_diff = write_and_check(root / "target", t.info["vocab_size"])
 
     # Graph statistics: from the export cache / the prune step, unless a transform changed the graphs.
@@ -119,14 +119,6 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
     return manifest
 
 
-def _padded_attention(target_dir: Path) -> float | None:
-    """export/padded_attention.py on the target, checked on held-out text in the target's tokens."""
-    from edgespec.export.quality import held_out_ids
-
-    ids = np.concatenate(held_out_ids(target_dir / "tokenizer.json", n_tokens=64, segment=64))[:28]
-    return padded_attention.write_and_check(target_dir, ids)
-
-
 def _check_target(t_check: dict) -> float:
     """The target graph's export-time check against torch: its max |diff|, ExportError if it failed."""
     t_diff = t_check["target_vs_torch_max_abs_diff"]
@@ -147,7 +139,7 @@ def _write_target_only(root: Path, parts: BundleParts) -> dict:
     t_check = t.graph.meta["check"]
     t_diff = _check_target(t_check)
     updates = parts.transform(root) if parts.transform is not None else None
-    padded_diff = _padded_attention(root / "target")
+    padded_diff = padded_attention.write_and_check(root / "target")
     prefill_diff = write_and_check(root / "target", t.info["vocab_size"])
     onnx_path = root / "target" / "model.onnx"
     stats = weight_stats(onnx_path) if parts.transform is not None else \

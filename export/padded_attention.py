@@ -108,12 +108,19 @@ def check_padded_graph(target_dir: Path, ids: np.ndarray, prefix: int = 16) -> f
     return diff
 
 
-def write_and_check(target_dir: Path, ids: np.ndarray) -> float | None:
-    """write_padded_graph, then check_padded_graph; a graph that disagrees is removed (the runtime keeps
-    padding 1-token steps). Returns the max |diff|, None where none was written."""
+CHECK_TOKENS = 28           # 16 prefilled + 12 compared at each width
+
+
+def write_and_check(target_dir: Path) -> float | None:
+    """write_padded_graph, then check_padded_graph on held-out text in the target's tokens; a graph that
+    disagrees is removed (the runtime keeps padding 1-token steps). Returns the max |diff|, None where
+    none was written."""
+    from edgespec.export.quality import held_out_ids
+
     path = write_padded_graph(target_dir)
     if path is None:
         return None
+    ids = np.concatenate(held_out_ids(Path(target_dir) / "tokenizer.json", n_tokens=64, segment=64))[:CHECK_TOKENS]
     diff = check_padded_graph(target_dir, ids)
     if diff > TOLERANCE:
         path.unlink()

@@ -3,12 +3,12 @@ tokens per second, from estimates measured in this process (nothing hard-coded):
 
     E[tokens | gamma] = 1 + sum_{j<=gamma} prod_{i<=j} alpha_i     (alpha_i: acceptance at draft position i)
     E[tokens | 0]     = 1 + g     (g: the share of plain steps whose lookup guess was kept, rounds.plain_step)
+    gamma*            = argmax_gamma E[tokens | gamma] / round_ms(gamma);   gamma = 0 is plain decoding
 
 A plain step guesses when the guess pays: always where the target pads the step anyway (the guess is
 free); otherwise while the kept share of guesses is at least the measured extra cost of a 2-token step,
 guess_ms / plain_ms - 1 (re-probed every PROBE_UP plain steps when it is not, and a plain step without a
 guess measured every PROBE_UP guesses until one is).
-    gamma*            = argmax_gamma E[tokens | gamma] / round_ms(gamma);   gamma = 0 is plain decoding
 
 round_ms(n) is the measured wall time of whole rounds that drafted n tokens (drafter forwards, the
 verify forward, sampling and bookkeeping: everything a round costs on this machine), an exponential

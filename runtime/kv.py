@@ -109,8 +109,9 @@ class ModelRunner:
         self.vocab = session.get_outputs()[outputs.index("logits")].shape[-1]
         self.output_names = ["logits", *self.present_names]
         meta = _meta(session)
-        # A quantized graph may declare that 1-token forwards take another kernel path (MatMulNBits with
-        # accuracy_level 4); forward() then pads them so every forward computes the same function.
+        # A quantized graph may declare that its 1-token forwards compute other logits (attention's 1-query
+        # path, amplified by int8 activations: docs/quantization.md); forward() then pads them so every
+        # forward computes the same function. A padded-attention graph (PAD_ROWS_KEY) needs no padding.
         self.min_tokens = max(1, int(meta.get(MIN_TOKENS_KEY, 1))) if exact else 1
         self.pad_rows = max(0, int(meta.get(PAD_ROWS_KEY, 0)))
         if prefill_session is not None and _meta(prefill_session).get(PAD_ROWS_KEY) != meta.get(PAD_ROWS_KEY):
