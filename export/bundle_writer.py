@@ -55,7 +55,8 @@ def export_bundle(target: str, drafter: str | None, out: str | Path, keep: int |
     `graph` is "builder" (onnxruntime-genai's model builder, export/builder.py), "optimum", or None:
     the builder wherever it takes both architectures, else optimum (said in one line). `builder`
     holds the builder's settings: {"target": precision, "drafter": precision, "ep", "accuracy_level",
-    "block_size", "quality_tokens"}; `transform` is the optimum path's quantization hook.
+    "block_size", "drafter_block_size" (None: pair_graphs.drafter_options), "quality_tokens"};
+    `transform` is the optimum path's quantization hook.
 
     `transform(root)`, if given, runs on the temporary bundle after the export-time checks and before
     hashing (the quantization hook, see export/cli.py); the dict it returns is merged into the manifest."""
@@ -94,7 +95,8 @@ def _export_bundle(target: str, drafter: str, out: Path, keep: int | None, vocab
     t_tok = tokenizer_info(t_src.hf_dir)
     if drafter is None:
         kept = None
-        builder = builder and {**builder, "drafter": builder.get("target", "fp32")}   # reuse the target graph
+        builder = builder and {**builder, "drafter": builder.get("target", "fp32"),       # reuse the target graph
+                               "drafter_block_size": builder.get("block_size") or 32}
     else:
         d_info = ox.model_info(d_src.hf_dir)
         validate_keep(keep, d_info["vocab_size"])

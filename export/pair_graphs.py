@@ -11,7 +11,7 @@ from edgespec.export import builder as eb
 from edgespec.export import onnx_export as ox
 from edgespec.export.onnx_export import CachedExport
 from edgespec.export.progress import log
-from edgespec.export.quality import quality_check
+from edgespec.export.quality import quality_check, require_exact_target
 from edgespec.models.weights import ModelSource
 
 Transform = Callable[[Path], dict | None]
@@ -73,20 +73,32 @@ def _builder_plan(opts: dict, cache_dir: Path) -> tuple[dict, str, str, int]:
     return common, t_prec, d_prec, quality_tokens
 
 
+def drafter_options(d_src: ModelSource, d_prec: str, opts: dict) -> dict:
+    """The drafter graph's int4 block and method: `drafter_block_size` if given, else the largest its
+    shapes allow (builder.drafter_quantization); nothing to change for float graphs."""
+    if d_prec not in ("int4", "int8"):
+        return {}
+    sizes = (opts["drafter_block_size"],) if opts.get("drafter_block_size") else eb.DRAFTER_BLOCK_SIZES
+    block, algo = eb.drafter_quantization(d_src.hf_dir, opts.get("algo"), sizes)
+    return {"block_size": block, "algo": algo}
+
+
 def builder_disk_need(t_src: ModelSource, d_src: ModelSource, opts: dict, cache_dir: Path,
                       weight_bytes) -> tuple[int, int, int]:
     """(bytes the builder graphs not cached yet will write into the cache, the target graph's bytes, the
     drafter graph's bytes), from `weight_bytes(hf_dir)` (the fp32 weight files) and GRAPH_SHARE; the
     quality check's fp32 reference counts where build_pair builds it."""
     common, t_prec, d_prec, quality_tokens = _builder_plan(opts, cache_dir)
-    graphs = {(t_src.hf_dir, t_src.sha256, t_prec), (d_src.hf_dir, d_src.sha256, d_prec)}
+    d_opts = tuple(drafter_options(d_src, d_prec, opts).items())
+    graphs = {(t_src.hf_dir, t_src.sha256, t_prec, ()), (d_src.hf_dir, d_src.sha256, d_prec, d_opts)}
     if quality_tokens:
-        graphs.add((t_src.hf_dir, t_src.sha256, "fp32"))
+        graphs.add((t_src.hf_dir, t_src.sha256, "fp32", ()))
 
     def size(hf_dir, prec) -> int:
         return int(weight_bytes(hf_dir) * GRAPH_SHARE.get(prec, 1.0))
 
-    need = sum(size(d, prec) for d, sha, prec in graphs if not eb.is_built(eb.build_path(d, sha, prec, **common)[0]))
+    need = sum(size(d, prec) for d, sha, prec, extra in graphs
+               if not eb.is_built(eb.build_path(d, sha, prec, **{**common, **dict(extra)})[0]))
     return need, size(t_src.hf_dir, t_prec), size(d_src.hf_dir, d_prec)
 
 
@@ -94,13 +106,16 @@ def build_pair(t_src: ModelSource, d_src: ModelSource, opts: dict, cache_dir: Pa
     """Builder graphs for both sides at their precisions; the transform checks a quantized target's
     quality against the fp32 builder graph of the same model."""
     common, t_prec, d_prec, quality_tokens = _builder_plan(opts, cache_dir)
-    common["progress"] = progress
-    t_exp = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision=t_prec, **common)
-    d_exp = t_exp if (d_src.sha256, d_prec) == (t_src.sha256, t_prec) else \
-        eb.build_model(d_src.hf_dir, d_src.sha256, d_src.name, precision=d_prec, **common)
+    d_common = {**common, **drafter_options(d_src, d_prec, opts)}
+    same = eb.build_path(t_src.hf_dir, t_src.sha256, t_prec, **common) == \
+        eb.build_path(d_src.hf_dir, d_src.sha256, d_prec, **d_common)
+    t_exp = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision=t_prec, progress=progress, **common)
+    require_exact_target(t_exp.meta.get("batch_invariance"), progress)
+    d_exp = t_exp if same else \
+        eb.build_model(d_src.hf_dir, d_src.sha256, d_src.name, precision=d_prec, progress=progress, **d_common)
     if not quality_tokens:
         return t_exp, d_exp, None
-    ref = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision="fp32", **common)
+    ref = eb.build_model(t_src.hf_dir, t_src.sha256, t_src.name, precision="fp32", progress=progress, **common)
 
     def transform(root: Path) -> dict:
         log(progress, f"quality check: {t_prec} target vs fp32 on {quality_tokens} held-out tokens")

@@ -134,6 +134,13 @@ def quantizable_weights(model, embedding: bool) -> list[tuple[str, str, int, str
     return out
 
 
+def largest_block_size(model, embedding: bool = True, sizes=(128, 64, DEFAULT_BLOCK_SIZE)) -> int:
+    """The largest of `sizes` dividing every quantized dimension (a drafter's default: larger blocks,
+    fewer scale bytes per step); check_block_size reports it if none does."""
+    dims = [d for _, _, d, _ in quantizable_weights(model, embedding)]
+    return next((b for b in sizes if all(d % b == 0 for d in dims)), sizes[-1])
+
+
 def check_block_size(model, block_size: int, embedding: bool = True) -> None:
     if block_size not in BLOCK_SIZES:
         raise ExportError(f"--block-size must be one of {BLOCK_SIZES} (a power of two >= 16), got {block_size}")
@@ -183,12 +190,12 @@ def materialize_transposed_heads(model) -> int:
 
 # ----------------------------------------------------------------------------- quantization
 
-def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4", block_size: int = DEFAULT_BLOCK_SIZE,
+def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4", block_size: int | str = DEFAULT_BLOCK_SIZE,
                   accuracy_level: int | None = None, ep: str = "cpu", embedding: bool = False,
                   symmetric: bool = False) -> dict:
     """Quantize the float graph at `src_model_path` into `dst_model_path` (+ `<name>.data` when large).
 
-    Returns the record the manifest keeps under `quantization`."""
+    `block_size` "largest": largest_block_size's. Returns the record the manifest keeps under `quantization`."""
     import onnx  # lazy: onnx is the [export] extra
 
     src, dst = Path(src_model_path), Path(dst_model_path)
@@ -212,6 +219,8 @@ def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4", block_si
 
         load_external_data_for_model(model, str(src.parent))
     tied = materialize_transposed_heads(model)
+    if scheme != "int8-dynamic" and block_size == "largest":
+        block_size = largest_block_size(model, embedding)
     if scheme != "int8-dynamic":
         check_block_size(model, block_size, embedding)
     else:

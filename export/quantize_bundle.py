@@ -40,7 +40,11 @@ def add_arguments(p) -> None:
     g.add_argument("--quantize-target", choices=CHOICES, default=None, help="override --quantize for the target")
     g.add_argument("--quantize-drafter", choices=CHOICES, default=None, help="override --quantize for the drafter")
     g.add_argument("--block-size", type=int, choices=q.BLOCK_SIZES, default=q.DEFAULT_BLOCK_SIZE,
-                   help=f"quantization block along the input dimension (default {q.DEFAULT_BLOCK_SIZE})")
+                   help=f"the target's quantization block along the input dimension (default {q.DEFAULT_BLOCK_SIZE})")
+    g.add_argument("--drafter-block-size", type=int, choices=q.BLOCK_SIZES, default=None,
+                   help="the drafter's block (default: the largest of 128, 64, 32 its shapes allow, with RTN where "
+                        "k_quant cannot take it: a drafter's numerics never change the output, and larger blocks "
+                        "step faster; docs/quantization.md)")
     g.add_argument("--accuracy-level", type=int, choices=q.ACCURACY_LEVELS, default=None,
                    help="MatMulNBits compute type: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 (default 4 for --quantize-ep cpu)")
     g.add_argument("--quantize-embedding", action="store_true",
@@ -60,6 +64,7 @@ def builder_settings(args) -> dict:
     lacks (int8-dynamic) leaves the optimum path to handle or refuse it."""
     target, drafter = _schemes(args)
     out = {"ep": args.quantize_ep, "accuracy_level": args.accuracy_level, "block_size": args.block_size,
+           "drafter_block_size": getattr(args, "drafter_block_size", None),
            "quality_tokens": args.quality_tokens, "algo": getattr(args, "int4_algo", None)}
     if args.quality_tokens < 0:
         raise ExportError(f"--quality-tokens must be >= 0, got {args.quality_tokens}")
@@ -80,15 +85,17 @@ def transform_from_args(args):
         return None          # the builder's precision; the optimum path refuses it in export_bundle
     target, drafter = _schemes(args)
     return make_transform(target, drafter, block_size=args.block_size, accuracy_level=args.accuracy_level,
+                          drafter_block_size=getattr(args, "drafter_block_size", None),
                           ep=args.quantize_ep, embedding=args.quantize_embedding,
                           quality_tokens=args.quality_tokens, progress=not getattr(args, "quiet", False))
 
 
 def make_transform(target: str | None, drafter: str | None, block_size: int = q.DEFAULT_BLOCK_SIZE,
                    accuracy_level: int | None = None, ep: str = "cpu", embedding: bool = False,
-                   quality_tokens: int = 512, progress: bool = True):
+                   quality_tokens: int = 512, progress: bool = True, drafter_block_size: int | None = None):
     """The bundle transform for the given schemes (None/"none" leaves a side float), or None if nothing
-    is to be quantized. Scheme, EP and accuracy level are validated here, before any export work."""
+    is to be quantized. Scheme, EP and accuracy level are validated here, before any export work.
+    The drafter's blocks: `drafter_block_size`, else the largest of DRAFTER_BLOCK_SIZES dividing its shapes."""
     sides = {side: s for side, s in (("target", target), ("drafter", drafter)) if s and s != "none"}
     if not sides:
         return None
@@ -103,8 +110,9 @@ def make_transform(target: str | None, drafter: str | None, block_size: int = q.
         raise ExportError("int8-dynamic quantizes activations per tensor over the whole forward, so a k-token verify "
                           "differs from k decode steps and speculative decoding would not be exact; use it for the "
                           "drafter only (--quantize-drafter int8-dynamic), and int4 or int8 for the target")
-    if block_size not in q.BLOCK_SIZES:
-        raise ExportError(f"--block-size must be one of {q.BLOCK_SIZES}, got {block_size}")
+    for flag, size in (("--block-size", block_size), ("--drafter-block-size", drafter_block_size or block_size)):
+        if size not in q.BLOCK_SIZES:
+            raise ExportError(f"{flag} must be one of {q.BLOCK_SIZES}, got {size}")
     opts = {"block_size": block_size, "accuracy_level": accuracy_level, "ep": ep, "embedding": embedding}
 
     def transform(root: Path) -> dict:
@@ -112,8 +120,9 @@ def make_transform(target: str | None, drafter: str | None, block_size: int = q.
         for side, scheme in sides.items():
             if not (Path(root) / side).is_dir():      # a target-only bundle has no drafter
                 continue
-            updates[side] = quantize_side(Path(root), side, scheme, opts, quality_tokens if side == "target" else 0,
-                                          progress)
+            side_opts = opts if side == "target" else {**opts, "block_size": drafter_block_size or "largest"}
+            updates[side] = quantize_side(Path(root), side, scheme, side_opts,
+                                          quality_tokens if side == "target" else 0, progress)
         if "quality" in updates.get("target", {}).get("quantization", {}):
             updates["checks"] = {"quantized_target_quality": updates["target"]["quantization"]["quality"]}
         return updates

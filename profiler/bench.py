@@ -6,9 +6,10 @@ Procedure (torch-free):
    calib/test split applies to humaneval by default, a user's file is used whole), and check that the
    report directory is writable;
 2. load the bundle, check each strategy against it, then create ONE target session and ONE drafter session
-   (none when no strategy drafts with a model: ar, ngram); every configuration (ar, and each strategy x
-   draft length, "auto" included) is a decoder sharing them (`decoder_family`), so memory does not grow
-   with the number of configurations and all see the same sessions;
+   for the rows that draft with a model, and ONE target session, spinning as a target-only decoder's does,
+   for the rows that do not (ar, ngram); every configuration (each strategy x draft length, "auto"
+   included) is a decoder sharing its family's sessions (`decoder_family`), so memory does not grow with
+   the number of configurations;
 3. a NumPy stream-read test gives this machine's read bandwidth;
 4. warm-up: one short generation per configuration (not recorded);
 5. measure: for each repeat, for each prompt, every configuration in turn (ar first), so machine drift
@@ -202,10 +203,13 @@ def _decoder_length(gamma):
 
 
 def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
-    """{(strategy label, draft-length setting): decoder}, all sharing one target and (if any strategy drafts
-    with the model) one drafter session (SpeculativeDecoder.variant: generations run one at a time and each
-    resets both KV runners). The base decoder is the first row that uses the drafter, else ar (ngram needs
-    none). Every strategy is checked against the bundle before any session is created."""
+    """{(strategy label, draft-length setting): decoder}. Rows that draft with the model share one target and
+    one drafter session (SpeculativeDecoder.variant: generations run one at a time and each resets both KV
+    runners); their base is the first such row. Rows without the drafter (ar, ngram) share a target session
+    of their own, as a user's target-only decoder has it: its threads keep spinning between steps, where a
+    target beside a drafter must stop them after every run (runtime/sessions.py) and steps about 2% slower,
+    so a baseline on the shared session would flatter every ratio against it. Every strategy is checked
+    against the bundle before any session is created."""
     rows = {}                                 # label -> (strategy name, its options over --strategy-option)
     for label, _ in configs:
         name, opts = parse_strategy(label)
@@ -218,15 +222,21 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
         if opts.get("draft_probability") == "auto" and bundle.a_star is None:
             raise GenerationError("draft_probability='auto' needs a calibrated a* in the bundle (vocab/randomised.json)")
     drafting = [key for key in configs if get_strategy(rows[key[0]][0]).uses_drafter]
-    first = drafting[0] if drafting else configs[0]
-    name, opts = rows[first[0]]
-    base = SpeculativeDecoder(bundle, strategy=name, draft_length=_decoder_length(first[1]), ep=s.ep,
-                              draft_ep=s.draft_ep, threads=s.threads, draft_threads=s.draft_threads,
-                              max_draft_length=s.max_draft_length, prefix_reuse=False, defer_drafter=False,
-                              prefill_graph=s.prefill_graph, **opts)
-    return {key: base if key == first else   # a row without draft_confidence has none
-            base.variant(rows[key[0]][0], _decoder_length(key[1]), **{"draft_confidence": None, **rows[key[0]][1]})
-            for key in configs}
+    plain = [key for key in configs if key not in drafting]
+    out = {}
+    for family in (drafting, plain):
+        if not family:
+            continue
+        first = family[0]
+        name, opts = rows[first[0]]
+        base = SpeculativeDecoder(bundle, strategy=name, draft_length=_decoder_length(first[1]), ep=s.ep,
+                                  draft_ep=s.draft_ep, threads=s.threads, draft_threads=s.draft_threads,
+                                  max_draft_length=s.max_draft_length, prefix_reuse=False, defer_drafter=False,
+                                  prefill_graph=s.prefill_graph, **opts)
+        for key in family:                    # a row without draft_confidence has none
+            out[key] = base if key == first else \
+                base.variant(rows[key[0]][0], _decoder_length(key[1]), **{"draft_confidence": None, **rows[key[0]][1]})
+    return {key: out[key] for key in configs}
 
 
 # --------------------------------------------------------------------------- measuring

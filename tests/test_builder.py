@@ -82,9 +82,12 @@ def test_builder_settings_from_flags():
     from edgespec.export import quantize_bundle as qb
 
     ns = argparse.Namespace(quantize="int4", quantize_target=None, quantize_drafter="fp16", quantize_ep="cpu",
-                            accuracy_level=None, block_size=32, quality_tokens=0)
+                            accuracy_level=None, block_size=32, quality_tokens=0, drafter_block_size=None)
     s = qb.builder_settings(ns)
     assert s["target"] == "int4" and s["drafter"] == "fp16" and "unsupported" not in s
+    assert s["block_size"] == 32 and s["drafter_block_size"] is None
+    ns.drafter_block_size = 64
+    assert qb.builder_settings(ns)["drafter_block_size"] == 64
     ns.quantize = "int8-dynamic"
     assert "not a model-builder precision" in qb.builder_settings(ns)["unsupported"]
 
@@ -131,3 +134,48 @@ def test_disk_check_counts_builder_graphs_at_their_precision(tiny_models, tmp_pa
     (cached / "edgespec-export.json").write_text("{}")
     assert eb.is_built(cached)
     assert builder_disk_need(t, d, {**opts, "quality_tokens": 0}, tmp_path, BW._param_estimate)[0] == int(w_d * q)
+
+
+def _config_dir(tmp_path, name, hidden, heads, head_dim, intermediate):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": hidden, "num_attention_heads": heads, "head_dim": head_dim,
+        "intermediate_size": intermediate, "num_hidden_layers": 2, "vocab_size": 1000}))
+    return d
+
+
+@pytest.mark.parametrize("shape, algo, expected", [
+    ((896, 14, 64, 4864), None, (128, "rtn")),           # Qwen2.5-0.5B: 896 / 128 = 7 blocks, odd for k_quant
+    ((896, 14, 64, 4864), "k_quant", (64, "k_quant")),   # asked for k_quant: the largest block it takes
+    ((896, 14, 64, 4864), "rtn", (128, "rtn")),
+    ((1536, 12, 128, 8960), None, (128, "k_quant")),      # Qwen2.5-1.5B: 12 and 70 blocks
+    ((576, 9, 64, 1536), None, (64, "rtn")),              # SmolLM2-135M: 128 does not divide 576
+    ((100, 4, 25, 300), None, (32, "k_quant")),           # nothing divides: the smallest, the default method
+])
+def test_drafter_quantization_takes_the_largest_block_its_shapes_allow(tmp_path, shape, algo, expected):
+    assert eb.drafter_quantization(_config_dir(tmp_path, "m", *shape), algo) == expected
+
+
+def test_drafter_options_follow_the_flag_and_leave_float_graphs_alone(tmp_path):
+    from edgespec.export.pair_graphs import drafter_options
+    from edgespec.models.weights import ModelSource
+
+    src = ModelSource(spec="x", kind="local", name="x", hf_dir=_config_dir(tmp_path, "m", 896, 14, 64, 4864),
+                      sha256="0" * 64)
+    assert drafter_options(src, "int4", {}) == {"block_size": 128, "algo": "rtn"}
+    assert drafter_options(src, "int4", {"drafter_block_size": 64}) == {"block_size": 64, "algo": "k_quant"}
+    assert drafter_options(src, "int4", {"drafter_block_size": 32, "algo": "rtn"}) == {"block_size": 32, "algo": "rtn"}
+    assert drafter_options(src, "fp32", {"drafter_block_size": 64}) == {}
+
+
+def test_a_target_that_is_not_batch_invariant_is_refused_a_drafter_is_not(capsys):
+    from edgespec.export.quality import require_exact_target
+
+    with pytest.raises(ExportError, match="speculative decoding would not be exact"):
+        require_exact_target({"min_forward_tokens": None, "two_vs_wider_max_abs_diff": 0.75}, progress=False)
+    require_exact_target({"min_forward_tokens": 2, "one_vs_two_max_abs_diff": 0.5}, progress=True)
+    assert ">= 2 tokens per forward" in capsys.readouterr().err
+    require_exact_target({"min_forward_tokens": 1}, progress=True)
+    require_exact_target(None, progress=True)              # a float graph: nothing measured
+    assert capsys.readouterr().err == ""

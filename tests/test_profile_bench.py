@@ -144,7 +144,14 @@ def test_variant_decoders_match_fresh_ones(tiny_hetero_bundle):
     bundle = Bundle.load(tiny_hetero_bundle)
     s = BenchSettings(bundle=tiny_hetero_bundle, report=Path("unused"), threads=1)
     family = decoder_family(bundle, [("ar", 0), ("tli", 1), ("tli", 3)], s)
-    assert family[("ar", 0)].target is family[("tli", 3)].target
+    assert family[("tli", 1)].target is family[("tli", 3)].target
+    # the baseline has a target session of its own, spinning as a user's target-only decoder's does
+    assert family[("ar", 0)].target is not family[("tli", 1)].target and family[("ar", 0)].drafter is None
+    two = decoder_family(bundle, [("ar", 0), ("tli", 1)], BenchSettings(bundle=tiny_hetero_bundle, report=Path("u"),
+                                                                          threads=2))
+    stops = [two[k].target.session.get_session_options().get_session_config_entry("session.force_spinning_stop")
+             for k in (("ar", 0), ("tli", 1))]
+    assert stops == ["0", "1"]
     for (strategy, g), dec in family.items():
         fresh = SpeculativeDecoder(bundle, strategy=strategy, draft_length=max(g, 1), threads=1)
         a = dec.generate("def quicksort(items):", max_new_tokens=20)

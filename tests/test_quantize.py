@@ -55,7 +55,8 @@ def test_quantized_bundle_loads_and_records_the_scheme(qbundles, scheme):
     for side in ("target", "drafter"):
         rec = man[side]["quantization"]
         assert rec["scheme"] == scheme and rec["bits"] == (4 if scheme == "int4" else 8)
-        assert rec["block_size"] == 32 and rec["accuracy_level"] == 4
+        # the target keeps --block-size; the drafter takes the largest block its shapes allow (tiny: hidden 64)
+        assert rec["block_size"] == (32 if side == "target" else 64) and rec["accuracy_level"] == 4
         assert man[side]["bytes_per_forward"] < rec["bytes_per_forward_fp32"] / (3 if scheme == "int4" else 1.8)
         ops = _ops(qbundles[scheme] / side / "model.onnx")
         assert "MatMul" in ops  # attention's activation x activation MatMuls stay float
