@@ -151,7 +151,8 @@ def quantize_side(root: Path, side: str, scheme: str, opts: dict, quality_tokens
     _unlink_shared_data(sub)
     try:
         before = weight_stats(src)
-        block = "" if scheme == "int8-dynamic" else f" (block {opts['block_size']})"
+        block = "" if scheme == "int8-dynamic" else \
+            " (the largest block its shapes allow)" if opts["block_size"] == "largest" else f" (block {opts['block_size']})"
         log(progress, f"quantizing the {side} to {scheme}{block}")
         record = q.quantize_onnx(src, work / "model.onnx", scheme=scheme, **opts)
         gc.collect()
