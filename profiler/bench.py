@@ -204,12 +204,10 @@ def _decoder_length(gamma):
 
 def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
     """{(strategy label, draft-length setting): decoder}. Rows that draft with the model share one target and
-    one drafter session (SpeculativeDecoder.variant: generations run one at a time and each resets both KV
-    runners); their base is the first such row. Rows without the drafter (ar, ngram) share a target session
-    of their own, as a user's target-only decoder has it: its threads keep spinning between steps, where a
-    target beside a drafter must stop them after every run (runtime/sessions.py) and steps about 2% slower,
-    so a baseline on the shared session would flatter every ratio against it. Every strategy is checked
-    against the bundle before any session is created."""
+    one drafter session (SpeculativeDecoder.variant: generations run one at a time, each resets the KV);
+    rows without (ar, ngram) share a target session of their own, spinning as a target-only decoder's does
+    (beside a drafter the threads stop after each run, about 2% slower: a flattering baseline; sessions.py).
+    Every strategy is checked against the bundle before any session is created."""
     rows = {}                                 # label -> (strategy name, its options over --strategy-option)
     for label, _ in configs:
         name, opts = parse_strategy(label)
@@ -222,11 +220,8 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
         if opts.get("draft_probability") == "auto" and bundle.a_star is None:
             raise GenerationError("draft_probability='auto' needs a calibrated a* in the bundle (vocab/randomised.json)")
     drafting = [key for key in configs if get_strategy(rows[key[0]][0]).uses_drafter]
-    plain = [key for key in configs if key not in drafting]
     out = {}
-    for family in (drafting, plain):
-        if not family:
-            continue
+    for family in [f for f in (drafting, [k for k in configs if k not in drafting]) if f]:
         first = family[0]
         name, opts = rows[first[0]]
         base = SpeculativeDecoder(bundle, strategy=name, draft_length=_decoder_length(first[1]), ep=s.ep,
