@@ -43,6 +43,7 @@ from edgespec.export import onnx_export as ox
 from edgespec.export.graph_info import io_names, weight_stats
 from edgespec.export.progress import log
 from edgespec.export.quality import measure_batch_invariance
+from edgespec.export.quantize import DRAFTER_BLOCK_SIZES, dividing_block_sizes
 from edgespec.export.workdirs import KEY_RE, fix_modes, owned_tmpdir, remove_stale_tmpdirs
 from edgespec.hashing import sha256_file
 from edgespec.paths import exports_dir
@@ -51,9 +52,6 @@ from edgespec.runtime.kv import KV_KEY
 BUILDER_REVISION = 1         # bump when the build recipe changes: invalidates cached builds
 PRECISIONS = ("fp32", "fp16", "int4", "int8")
 DEFAULT_INT4_ALGO = "k_quant"
-# A drafter's int4 blocks: its numerics never change the output (the target verifies), so it takes the
-# largest block its shapes allow: fewer scale bytes per step (Qwen2.5-Coder-0.5B, docs/quantization.md).
-DRAFTER_BLOCK_SIZES = (128, 64, 32)
 BUILDER_EPS = ("cpu", "cuda", "dml", "webgpu")
 GRAPH_KEY = "edgespec.graph"
 # Text-only causal LMs the pinned builder turns into a decoder graph (builder.py's create_model).
@@ -103,7 +101,8 @@ def build_path(hf_dir: Path, source_sha256: str, precision: str, ep: str = "cpu"
     return cache / build_key(source_sha256, precision, ep, options, graph_fixes(Path(hf_dir))), options
 
 
-def drafter_quantization(hf_dir: Path, algo: str | None = None, sizes: tuple[int, ...] = DRAFTER_BLOCK_SIZES) -> tuple[int, str]:
+def drafter_quantization(hf_dir: Path, algo: str | None = None,
+                         sizes: tuple[int, ...] = DRAFTER_BLOCK_SIZES) -> tuple[int, str]:
     """(block size, int4 method) for a drafter: the largest of `sizes` that splits every matmul input
     dimension (hidden size, attention output, MLP width) into whole blocks, and `algo` (default k_quant).
     The pinned builder's k_quant packs each row's zero points in whole bytes and fails on an odd block
@@ -114,13 +113,12 @@ def drafter_quantization(hf_dir: Path, algo: str | None = None, sizes: tuple[int
     info = ox.model_info(hf_dir)
     dims = [d for d in (info["hidden_size"], int(info["num_heads"]) * int(info["head_dim"] or 0),
                         int(cfg.get("intermediate_size") or 0)) if d]
-    for b in sizes:
-        if all(d % b == 0 for d in dims):
-            even = all((d // b) % 2 == 0 for d in dims)
-            if algo is None:
-                return b, DEFAULT_INT4_ALGO if even else "rtn"
-            if even or not algo.startswith("k_quant"):
-                return b, algo
+    for b in dividing_block_sizes(dims, sizes):
+        even = all((d // b) % 2 == 0 for d in dims)
+        if algo is None:
+            return b, DEFAULT_INT4_ALGO if even else "rtn"
+        if even or not algo.startswith("k_quant"):
+            return b, algo
     return min(sizes), algo or DEFAULT_INT4_ALGO
 
 

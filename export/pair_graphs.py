@@ -12,6 +12,7 @@ from edgespec.export import onnx_export as ox
 from edgespec.export.onnx_export import CachedExport
 from edgespec.export.progress import log
 from edgespec.export.quality import quality_check, require_exact_target
+from edgespec.export.quantize import DRAFTER_BLOCK_SIZES
 from edgespec.models.weights import ModelSource
 
 Transform = Callable[[Path], dict | None]
@@ -78,7 +79,7 @@ def drafter_options(d_src: ModelSource, d_prec: str, opts: dict) -> dict:
     shapes allow (builder.drafter_quantization); nothing to change for float graphs."""
     if d_prec not in ("int4", "int8"):
         return {}
-    sizes = (opts["drafter_block_size"],) if opts.get("drafter_block_size") else eb.DRAFTER_BLOCK_SIZES
+    sizes = (opts["drafter_block_size"],) if opts.get("drafter_block_size") else DRAFTER_BLOCK_SIZES
     block, algo = eb.drafter_quantization(d_src.hf_dir, opts.get("algo"), sizes)
     return {"block_size": block, "algo": algo}
 

@@ -41,6 +41,9 @@ from edgespec.errors import ExportError
 SCHEMES = ("int4", "int8", "int8-dynamic")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 DEFAULT_BLOCK_SIZE = 32
+# A drafter's int4 blocks, largest first: its numerics never change the output (the target verifies), so
+# it takes the largest its shapes allow: fewer scale bytes per step (docs/quantization.md).
+DRAFTER_BLOCK_SIZES = (128, 64, DEFAULT_BLOCK_SIZE)
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 CPU_ACCURACY_LEVEL = 4
 EXTERNAL_THRESHOLD = 1800 * 1024**2   # protobuf's hard limit is 2 GiB; keep a margin
@@ -134,11 +137,15 @@ def quantizable_weights(model, embedding: bool) -> list[tuple[str, str, int, str
     return out
 
 
-def largest_block_size(model, embedding: bool = True, sizes=(128, 64, DEFAULT_BLOCK_SIZE)) -> int:
-    """The largest of `sizes` dividing every quantized dimension (a drafter's default: larger blocks,
+def dividing_block_sizes(dims, sizes=BLOCK_SIZES) -> list[int]:
+    """The block sizes among `sizes` (in their order) that divide every one of `dims`."""
+    return [b for b in sizes if all(d % b == 0 for d in dims)]
+
+
+def largest_block_size(model, embedding: bool = True, sizes=DRAFTER_BLOCK_SIZES) -> int:
+    """The first of `sizes` dividing every quantized dimension (a drafter's default: larger blocks,
     fewer scale bytes per step); check_block_size reports it if none does."""
-    dims = [d for _, _, d, _ in quantizable_weights(model, embedding)]
-    return next((b for b in sizes if all(d % b == 0 for d in dims)), sizes[-1])
+    return (dividing_block_sizes([d for _, _, d, _ in quantizable_weights(model, embedding)], sizes) or [sizes[-1]])[0]
 
 
 def check_block_size(model, block_size: int, embedding: bool = True) -> None:
@@ -149,7 +156,7 @@ def check_block_size(model, block_size: int, embedding: bool = True) -> None:
         raise ExportError("nothing to quantize: the graph has no MatMul with a constant 2-D weight")
     for node, _, dim, what in weights:
         if dim % block_size:
-            ok = [b for b in BLOCK_SIZES if all(d % b == 0 for _, _, d, _ in weights)]
+            ok = dividing_block_sizes([d for _, _, d, _ in weights])
             raise ExportError(f"block size {block_size} does not divide {dim}, the {what} of node {node!r}; "
                               f"block sizes that divide every quantized dimension: {ok or 'none'}")
 
@@ -190,7 +197,8 @@ def materialize_transposed_heads(model) -> int:
 
 # ----------------------------------------------------------------------------- quantization
 
-def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4", block_size: int | str = DEFAULT_BLOCK_SIZE,
+def quantize_onnx(src_model_path, dst_model_path, scheme: str = "int4",
+                  block_size: int | str = DEFAULT_BLOCK_SIZE,
                   accuracy_level: int | None = None, ep: str = "cpu", embedding: bool = False,
                   symmetric: bool = False) -> dict:
     """Quantize the float graph at `src_model_path` into `dst_model_path` (+ `<name>.data` when large).
