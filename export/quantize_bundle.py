@@ -95,7 +95,7 @@ def make_transform(target: str | None, drafter: str | None, block_size: int = q.
                    quality_tokens: int = 512, progress: bool = True, drafter_block_size: int | None = None):
     """The bundle transform for the given schemes (None/"none" leaves a side float), or None if nothing
     is to be quantized. Scheme, EP and accuracy level are validated here, before any export work.
-    The drafter's blocks: `drafter_block_size`, else the largest of DRAFTER_BLOCK_SIZES dividing its shapes."""
+    The drafter's blocks: `drafter_block_size`, else the largest of quantize.DRAFTER_BLOCK_SIZES dividing its shapes."""
     sides = {side: s for side, s in (("target", target), ("drafter", drafter)) if s and s != "none"}
     if not sides:
         return None

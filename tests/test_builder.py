@@ -179,3 +179,14 @@ def test_a_target_that_is_not_batch_invariant_is_refused_a_drafter_is_not(capsys
     require_exact_target({"min_forward_tokens": 1}, progress=True)
     require_exact_target(None, progress=True)              # a float graph: nothing measured
     assert capsys.readouterr().err == ""
+
+
+def test_a_drafter_block_size_outside_the_choices_is_one_line(capsys):
+    from edgespec.export.quantize_bundle import make_transform
+
+    with pytest.raises(ExportError, match=r"--drafter-block-size must be one of \(16, 32, 64, 128, 256\), got 100"):
+        make_transform("int4", "int4", drafter_block_size=100)
+    assert make_transform("int4", "int4", drafter_block_size=128).sides == {"target": "int4", "drafter": "int4"}
+    with pytest.raises(SystemExit) as exit_info:       # argparse's choices: usage and one error line
+        main(["export", "--target", "x", "--quantize", "int4", "--drafter-block-size", "100", "--out", "y"])
+    assert exit_info.value.code == 2 and "argument --drafter-block-size: invalid choice: 100" in capsys.readouterr().err
