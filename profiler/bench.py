@@ -340,13 +340,15 @@ def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook
         measured.append(rec)
         if hook is not None:
             hook(rec)
+    peers: dict = {}
     try:
         decoders = decoder_family(bundle, configs, s)
         if FAST_BASELINE not in decoders and decoders[("ar", 0)].target.min_tokens > 1:
             decoders[FAST_BASELINE] = decoders[("ar", 0)].variant("ar", plain_steps="fast")
             configs.insert(1, FAST_BASELINE)
         if s.peers:
-            for label, peer in make_peers(bundle, s).items():
+            peers = make_peers(bundle, s)
+            for label, peer in peers.items():
                 decoders[(label, 0)] = peer
                 configs.append((label, 0))
         encoded, skipped = encode_prompts(decoders[("ar", 0)], prompts, s)
@@ -367,6 +369,8 @@ def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook
             records, partial = measure(decoders, encoded, s, keep, done)
     finally:
         log.close()
+        for peer in peers.values():           # their scratch directories
+            peer.close()
     if done:
         print(f"edgespec: resumed: {len(done)} generation(s) from the journal, {len(records) - len(done)} measured "
               "now", file=sys.stderr)

@@ -6,7 +6,8 @@ The bundle's target directory holds the model builder's genai_config.json. The p
 as the builder wrote it: the bundle's model.onnx less the `logits_to_keep` input edgespec adds
 (export/last_logits.py; the generator would not feed it), written into a scratch directory beside
 hard links (or copies) of the external data, with the thread count set in a copy of the config.
-Nothing in the bundle changes.
+Nothing in the bundle changes. bench closes the peer (removing the directory); the directory's name
+records its process (export/workdirs.py), so the next peer removes those a killed bench left.
 
 A peer answers `generate(ids, max_new_tokens=..., temperature=0, ...)` like a decoder, with a
 GenerationResult whose stats carry TTFT (the prefill and the first token) and the total time, so the
@@ -16,19 +17,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 from edgespec.export.last_logits import strip_logits_to_keep
+from edgespec.export.workdirs import owned_tmpdir, remove_stale_tmpdirs
 from edgespec.runtime.decoder import GenerationResult
 from edgespec.runtime.sessions import default_threads
 from edgespec.runtime.stats import GenerationStats
 
 GENAI = "onnxruntime-genai"
 PEERS = (GENAI,)
+SCRATCH_PREFIX = "edgespec-peer-"
 
 
 def is_peer(label: str) -> bool:
@@ -50,8 +55,10 @@ class GenaiPeer:
         import onnxruntime_genai as og  # lazy: onnxruntime-genai: the [export] extra
 
         self.og = og
-        self.scratch = tempfile.TemporaryDirectory(prefix="edgespec-peer-")
-        root = Path(self.scratch.name)
+        parent = Path(tempfile.gettempdir())
+        remove_stale_tmpdirs(parent, re.escape(SCRATCH_PREFIX))     # those of a bench that was killed
+        root = owned_tmpdir(parent, SCRATCH_PREFIX)
+        self._remove_scratch = weakref.finalize(self, shutil.rmtree, root, True)
         cfg = json.loads((target_dir / "genai_config.json").read_text())
         so = cfg["model"]["decoder"].setdefault("session_options", {})
         so.update({"intra_op_num_threads": int(threads or default_threads()), "inter_op_num_threads": 1})
@@ -87,7 +94,7 @@ class GenaiPeer:
 
     def close(self) -> None:
         self.model = None
-        self.scratch.cleanup()
+        self._remove_scratch()
 
 
 def make_peers(bundle, settings) -> dict:

@@ -86,7 +86,7 @@ def draft_randomised(gen, gamma: int) -> Draft:
     if not stopped or len(draft.tokens) < n:
         return draft
     ids = gen.drafter_ctx.inputs()
-    prefill = gen.drafter.length == 0
+    prefill = gen.starts_fill()
     t_submit = None
     if gen.config.concurrent_draft:
         t_submit = time.perf_counter()

@@ -41,8 +41,9 @@ Times (ms, wall clock, time.perf_counter)
 - `prefill_ms`: the target's prefill run (ORT time only): the prompt tokens it had to run, after any
   prefix reused from the previous call (`reused_tokens`).
 - `draft_prefill_ms`: the drafter's fills of its context window (runtime/context.py DrafterWindow): the
-  first, at the first drafting round (so after TTFT, inside the decode phase), and each later refill
-  (`draft_refills`); `draft_prefill_tokens` drafter tokens in all. Its own field: never hidden in
+  first, at the first drafting round (so after TTFT, inside the decode phase; after prefix reuse, the
+  part of the window the reuse did not keep), and each later refill (`draft_refills`);
+  `draft_prefill_tokens` drafter tokens in all. Its own field: never hidden in
   prefill_ms, draft_ms or TTFT.
 - `draft_ms`: drafter ORT runs other than fills (drafting steps and catch-ups).
 - `drafter_load_ms`: building the drafter's ORT session, in the generation that drafted first on a

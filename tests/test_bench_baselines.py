@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 
 import pytest
 
 from edgespec.cli import main
+from edgespec.export.workdirs import host_tag
 from edgespec.profiler import bench as B
 from edgespec.profiler.aggregate import repeat_summary
 from edgespec.profiler.settings import FAST_BASELINE
@@ -29,8 +31,13 @@ def _bench(bundle, prompts, out, *extra):
     return json.loads((out / "report.json").read_text())
 
 
-def test_onnxruntime_genai_is_a_row_of_the_report(tiny_same_bundle, prompts_file, tmp_path, capsys):
+def test_onnxruntime_genai_is_a_row_of_the_report(tiny_same_bundle, prompts_file, tmp_path, capsys, monkeypatch):
     pytest.importorskip("onnxruntime_genai")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    killed = scratch / f"edgespec-peer-{2**31 - 2}.{host_tag()}-x1"      # a killed bench's (no such process)
+    killed.mkdir()
     doc = _bench(tiny_same_bundle, prompts_file, tmp_path / "r", "--strategies", "ar,tli", "--draft-length", "2",
                  "--peers")
     runs = {r["strategy"]: r for r in doc["runs"]}
@@ -41,6 +48,7 @@ def test_onnxruntime_genai_is_a_row_of_the_report(tiny_same_bundle, prompts_file
     assert peer["ttft_ms"] > 0 and peer["decode_tokens_per_s"] > 0 and peer["speedup"] > 0
     assert runs["ar"]["speedup"] == pytest.approx(1.0) and runs["ar"]["decode_speedup"] == pytest.approx(1.0)
     assert "onnxruntime-genai" in (tmp_path / "r" / "report.md").read_text()
+    assert list(scratch.iterdir()) == []       # the peer's scratch directory removed, and the killed one's
 
 
 def test_peers_without_onnxruntime_genai_is_one_line_and_the_bench_runs(tiny_same_bundle, prompts_file, tmp_path,

@@ -113,6 +113,8 @@ def test_second_turn_reuses_the_prefix_and_equals_a_cold_call(bundles, name, str
     expect = cold.generate(two, max_new_tokens=N, chat=True)
     assert expect.stats.reused_tokens == 0
     assert second.token_ids == expect.token_ids
+    if strategy in ("tli", "slem"):    # the window's unreused part is a fill, booked as one
+        assert second.stats.draft_prefill_tokens > 0 and second.stats.draft_prefill_ms > 0
     again = warm.generate(two, max_new_tokens=N, chat=True)       # the same conversation asked again
     assert again.token_ids == expect.token_ids and again.stats.reused_tokens == len(again.prompt_token_ids) - 1
 
