@@ -340,17 +340,15 @@ def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook
         measured.append(rec)
         if hook is not None:
             hook(rec)
-    peers: dict = {}
+    peers = make_peers(bundle, s) if s.peers else {}
     try:
         decoders = decoder_family(bundle, configs, s)
         if FAST_BASELINE not in decoders and decoders[("ar", 0)].target.min_tokens > 1:
             decoders[FAST_BASELINE] = decoders[("ar", 0)].variant("ar", plain_steps="fast")
             configs.insert(1, FAST_BASELINE)
-        if s.peers:
-            peers = make_peers(bundle, s)
-            for label, peer in peers.items():
-                decoders[(label, 0)] = peer
-                configs.append((label, 0))
+        for label, peer in peers.items():
+            decoders[(label, 0)] = peer
+            configs.append((label, 0))
         encoded, skipped = encode_prompts(decoders[("ar", 0)], prompts, s)
         if skipped:
             print(f"edgespec: warning: {len(skipped)} prompt(s) skipped (prompt + max_new_tokens over the context)",
@@ -369,8 +367,8 @@ def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook
             records, partial = measure(decoders, encoded, s, keep, done)
     finally:
         log.close()
-        for peer in peers.values():           # their scratch directories
-            peer.close()
+        for peer in peers.values():
+            peer.close()                      # removes its scratch directory
     if done:
         print(f"edgespec: resumed: {len(done)} generation(s) from the journal, {len(records) - len(done)} measured "
               "now", file=sys.stderr)
