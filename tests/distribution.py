@@ -36,18 +36,23 @@ MIN_BRANCH_PROB = 1e-9
 
 
 class TargetOracle:
-    """Exact next-token distributions of the bundle's target (its own 1-thread session)."""
+    """Exact next-token distributions of the bundle's target (its own 1-thread session; with
+    `prefill_graph`, long forwards on the target's prefill graph, as SpeculativeDecoder(prefill_graph=True))."""
 
-    def __init__(self, bundle, params: SamplingParams):
+    def __init__(self, bundle, params: SamplingParams, prefill_graph: bool = False):
         sess, _ = create_session(bundle.target.onnx, "cpu", threads=1, role="oracle")
-        self.runner = ModelRunner(sess, "oracle")
+        twin = create_session(bundle.target.prefill_onnx, "cpu", threads=1, role="oracle")[0] if prefill_graph else None
+        self.runner = ModelRunner(sess, "oracle", prefill_session=twin)
         self.params = params
         self.vocab = bundle.target.vocab_size
         self.eos = set(bundle.target.eos_ids)
 
-    def next_probs(self, prefix: list[int]) -> np.ndarray:
+    def next_probs(self, prefix: list[int], tail: tuple = ()) -> np.ndarray:
+        """After prefix (one forward, as a prompt's prefill) and then tail (one more forward)."""
         self.runner.reset()
         logits = self.runner.forward(prefix)[-1:]
+        if tail:
+            logits = self.runner.forward(list(tail))[-1:]
         return probabilities(logits, self.params)[0]
 
     def marginals(self, prompt_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -109,10 +114,10 @@ def sample_tokens(decoder, prompt_ids: list[int], n: int, seed: int, params: Sam
 
 def check_lossless(decoder, bundle, prompt_ids: list[int], n: int = 2000, seed: int = 0,
                    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                   samples: np.ndarray | None = None) -> dict:
+                   samples: np.ndarray | None = None, prefill_graph: bool = False) -> dict:
     """p-values {"x1", "x2", "x3|x1x2"} for `decoder` on `prompt_ids` (module docstring)."""
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    oracle = TargetOracle(bundle, params)
+    oracle = TargetOracle(bundle, params, prefill_graph)
     toks = samples if samples is not None else sample_tokens(decoder, prompt_ids, n, seed, params)
     v = oracle.vocab
     p1, p2 = oracle.marginals(prompt_ids)
@@ -128,7 +133,7 @@ def check_lossless(decoder, bundle, prompt_ids: list[int], n: int = 2000, seed: 
             continue
         key = (int(a), int(b))
         if key not in cache:
-            cache[key] = np.cumsum(oracle.next_probs(list(prompt_ids) + [*key]))
+            cache[key] = np.cumsum(oracle.next_probs(list(prompt_ids), key))
         cdf = cache[key]
         lo = cdf[c - 1] if c > 0 else 0.0
         u.append(lo + rng.random() * (cdf[c] - lo))

@@ -133,3 +133,25 @@ def test_generate_cli_takes_the_flag(int4_bundle, tiny_same_bundle, capsys):
     assert main(["generate", "--bundle", str(tiny_same_bundle), "--prompt", "x", "--prefill-graph"]) == 2
     err = capsys.readouterr().err
     assert "has no prefill graph" in err and "--prefill-graph" in err and err.count("\n") == 1
+
+
+def test_sampling_with_the_prefill_graph_keeps_the_target_distribution(int4_bundle, monkeypatch):
+    """The prompt's KV from the prefill graph, every later token from the graph: `tli` at T=1 samples
+    the distribution of that target (tests/distribution.py, its oracle prefilling the same way), and a
+    verifier without the residual fails the same test."""
+    from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
+    from edgespec.runtime import rounds as rounds_module
+    from edgespec.runtime.sampling import SamplingParams
+    from test_distribution import _verify_without_residual
+
+    b = Bundle.load(int4_bundle)
+    ids = b.target.tokenizer.encode(LONG).ids
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, prefill_graph=True, prefix_reuse=False)
+    dec.generate(ids, max_new_tokens=2, temperature=1.0, seed=0)
+    assert dec.last_result.stats.prefill_ms > 0 and dec.target.prefill_session is not None
+    pvals = check_lossless(dec, b, ids, n=1500, seed=0, prefill_graph=True)
+    assert set(pvals) == {"x1", "x2", "x3|x1x2"} and min(pvals.values()) > ALPHA, pvals
+    monkeypatch.setattr(rounds_module, "verify_sampled", _verify_without_residual)
+    broken = sample_tokens(dec, ids, 1500, 0, SamplingParams(temperature=1.0))
+    pvals = check_lossless(dec, b, ids, samples=broken, prefill_graph=True)
+    assert min(pvals.values()) < ALPHA, pvals       # the test above fails it (here at x3 given x1 x2)
