@@ -4,6 +4,9 @@
   of those positions, [len(ids), V] (valid until this runner's next forward).
   With an empty cache this is the prefill: one forward over the whole prompt.
 - `crop(n)` keeps the first n cached positions; `reset()` empties the cache.
+- With a prefill graph (export/prefill_graph.py), a prompt of PREFILL_GRAPH_TOKENS or more runs on it
+  (`prefill_graph_for`); `prefill_graph_rows` counts the leading positions it computed, which prefix
+  reuse may keep (runtime/prefix.py).
 - Each forward's wall time (ms) is added to `time_ms` / `last_ms`.
 
 Two KV layouts, chosen from the graph's metadata (`edgespec.kv_cache`, written at export):
@@ -140,6 +143,7 @@ class ModelRunner:
             empty = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=self.kv_dtype)
             self.past = [empty] * len(self.past_names)
         self.length = 0
+        self.prefill_graph_rows = 0
 
     def crop(self, n: int) -> None:
         """Keep the first n cached positions (n <= length)."""
@@ -150,6 +154,7 @@ class ModelRunner:
         if not self.shared:
             self.past = [p[:, :, :n, :] for p in self.past]
         self.length = n
+        self.prefill_graph_rows = min(self.prefill_graph_rows, n)
 
     def reserve(self, positions: int) -> None:
         """Make room for `positions` cached positions now (shared layout), so no forward grows the cache."""
@@ -193,21 +198,26 @@ class ModelRunner:
             io.bind_ortvalue_output(present, value)
         return io
 
-    def _on_prefill_graph(self, s: int) -> bool:
-        """Whether an s-token forward runs on the prefill graph."""
-        return self.prefill_session is not None and s >= PREFILL_GRAPH_TOKENS
+    def prefill_graph_for(self, prompt_tokens: int) -> bool:
+        """Whether a prompt of this many tokens is prefilled on the prefill graph (all of it, also
+        what prefix reuse leaves of it: the same function as a cold prefill, runtime/prefix.py)."""
+        return self.prefill_session is not None and prompt_tokens >= PREFILL_GRAPH_TOKENS
 
     # ------------------------------------------------------------------ running
-    def forward(self, ids: Sequence[int] | np.ndarray, last: int | None = None, pad: bool = True) -> np.ndarray:
+    def forward(self, ids: Sequence[int] | np.ndarray, last: int | None = None, pad: bool = True,
+                prefill_graph: bool | None = None) -> np.ndarray:
         """Logits [len(ids), V] for `ids` appended after the cached positions; the cache grows by len(ids).
         `last=k`: only the last k positions' logits [k, V] (a prefill needs one row). A graph with a
         `logits_to_keep` input computes only those rows, at least `min_tokens` of them so that the head
         runs on the same kernel path as a verify forward; any other graph computes all and slices.
-        pad=False: a short forward takes the graph's own (fast) path, unpadded."""
+        pad=False: a short forward takes the graph's own (fast) path, unpadded. prefill_graph: run on the
+        prefill graph (True), on the graph (False), or by length, PREFILL_GRAPH_TOKENS or more (None)."""
+        if prefill_graph is None:
+            prefill_graph = self.prefill_graph_for(len(ids))
         if pad and 0 < len(ids) < self.min_tokens:  # pad with the last id, then drop it: causal, so exact
             flat = np.asarray(ids, dtype=np.int64).ravel()
             extra = self.min_tokens - flat.size
-            logits = self.forward(np.concatenate([flat, np.repeat(flat[-1:], extra)]))
+            logits = self.forward(np.concatenate([flat, np.repeat(flat[-1:], extra)]), prefill_graph=prefill_graph)
             self.crop(self.length - extra)
             logits = logits[:flat.size]
             return logits if last is None else logits[-last:]
@@ -215,8 +225,10 @@ class ModelRunner:
         past = self.length
         input_ids = np.asarray(ids, dtype=np.int64).reshape(1, s)
         rows = s if last is None or not self.keeps_last else min(s, max(int(last), self.min_tokens if pad else 1))
+        on_prefill = bool(prefill_graph) and self.prefill_session is not None
         t0 = time.perf_counter()
-        logits = self._run_shared(input_ids, past, rows) if self.shared else self._run_copy(input_ids, past, rows)
+        run = self._run_shared if self.shared else self._run_copy
+        logits = run(input_ids, past, rows, on_prefill)
         if last is not None:
             logits = logits[-last:]
         self.last_ms = (time.perf_counter() - t0) * 1e3
@@ -224,6 +236,8 @@ class ModelRunner:
         self.forwards += 1
         self.tokens_fed += s
         self.length = past + s
+        if on_prefill and past == self.prefill_graph_rows:
+            self.prefill_graph_rows = self.length
         if not np.isfinite(logits.sum()):   # one float32 reduction (~0.1 ms at 150k x 5): NaN and inf propagate
             raise GenerationError(f"the {self.role} graph returned NaN or inf logits (a corrupt or mismatched "
                                   "model file, or an EP numerics problem); no text was produced from them")
@@ -232,12 +246,11 @@ class ModelRunner:
     def _keep_feed(self, rows: int, s: int) -> np.ndarray:
         return np.array([0 if rows == s else rows], dtype=np.int64)      # 0: every position
 
-    def _run_shared(self, input_ids: np.ndarray, past: int, rows: int) -> np.ndarray:
+    def _run_shared(self, input_ids: np.ndarray, past: int, rows: int, on_prefill: bool) -> np.ndarray:
         s = input_ids.shape[1]
         end = past + s + self.pad_rows          # the graph also writes its pad rows' KV (never counted)
         if end > self.capacity:
             self._grow(end)
-        on_prefill = self._on_prefill_graph(s)
         io = self._prefill_binding if on_prefill else self._binding
         io.bind_cpu_input("input_ids", input_ids)
         io.bind_cpu_input("attention_mask", self._mask[:, :end])
@@ -252,7 +265,7 @@ class ModelRunner:
             self._logits = np.empty((1, 0, 0), np.float32)
         return out[0]
 
-    def _run_copy(self, input_ids: np.ndarray, past: int, rows: int) -> np.ndarray:
+    def _run_copy(self, input_ids: np.ndarray, past: int, rows: int, on_prefill: bool) -> np.ndarray:
         s = input_ids.shape[1]
         feeds = {"input_ids": input_ids, "attention_mask": np.ones((1, past + s + self.pad_rows), dtype=np.int64)}
         if self.keeps_last:
@@ -262,7 +275,7 @@ class ModelRunner:
         for name, arr in zip(self.past_names, self.past):
             # A cropped cache is a strided view; ORT needs C-contiguous input (one copy, only after a crop).
             feeds[name] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-        out = (self.prefill_session if self._on_prefill_graph(s) else self.session).run(self.output_names, feeds)
+        out = (self.prefill_session if on_prefill else self.session).run(self.output_names, feeds)
         self.past = [p[:, :, :past + s] for p in out[1:]] if self.pad_rows else out[1:]
         return out[0][0]
 

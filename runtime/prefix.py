@@ -12,6 +12,13 @@ prefill and its verify forwards); a cold prefill computes the same function over
 on graphs whose 1-token kernel path differs every such forward was padded (runtime/kv.py), so the
 positions hold what a cold prefill puts there up to float summation order. tests/test_long_prompts.py
 checks that the tokens equal a cold call's.
+
+With a prefill graph (SpeculativeDecoder(prefill_graph=True)) a cold call prefills a long prompt on it,
+so a reused call keeps only positions the prefill graph computed (`prefill_graph_rows`: the earlier
+prompt, not its answer) and prefills the rest of a long prompt there too, at least 2 tokens (its 1-row
+kernel path differs); a short prompt keeps nothing the prefill graph computed. The prefill graph gives
+the same bits for a prompt in one forward or in two of 2+ tokens (tests/test_prefill_graph.py), so the
+reused call's KV is the cold call's, bit for bit.
 """
 from __future__ import annotations
 
@@ -49,6 +56,10 @@ class PrefixCache:
         n = 0
         if self.target_ids is not None and len(self.target_ids) == runner.length:
             n = min(common_prefix(self.target_ids, prompt_ids), len(prompt_ids) - 1)
+            if runner.prefill_graph_for(len(prompt_ids)):
+                n = min(n, runner.prefill_graph_rows, len(prompt_ids) - 2)
+            elif runner.prefill_graph_rows:
+                n = 0
         if n > 0:
             runner.crop(n)
         else:

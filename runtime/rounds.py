@@ -211,7 +211,8 @@ class Generation:
         cache.forget()                # until this generation ends normally (decoder._run)
         self.stats.reused_tokens = kept
         self.target.reserve(len(self.prompt_ids) + self.max_new_tokens + self.config.gamma + 2)
-        logits = self.target.forward(self.prompt_ids[kept:], last=1)[-1]
+        on_twin = self.target.prefill_graph_for(len(self.prompt_ids))      # all of the prompt, or none
+        logits = self.target.forward(self.prompt_ids[kept:], last=1, prefill_graph=on_twin)[-1]
         self.stats.prefill_ms += self.target.last_ms
         self.stats.target_forwards += 1
         self.last = self.pick(logits)

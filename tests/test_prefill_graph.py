@@ -109,8 +109,7 @@ def test_long_forwards_run_on_the_prefill_graph_and_short_ones_do_not(int4_bundl
 
 @pytest.mark.parametrize("strategy,gamma", [("tli", 2), ("auto", "auto")])
 def test_greedy_speculation_equals_ar_with_the_prefill_graph(int4_bundle, strategy, gamma):
-    """Cold calls (prefix_reuse=False): a reused prefix keeps the graph that computed it, so against a
-    cold call it may differ by the two graphs' rounding (docs/runtime.md, "Prefill graph")."""
+    """Cold calls (prefix_reuse=False); reused ones: the next test."""
     b = Bundle.load(int4_bundle)
     dec = SpeculativeDecoder(b, strategy=strategy, draft_length=gamma, threads=1, prefill_graph=True,
                              prefix_reuse=False)
@@ -155,3 +154,35 @@ def test_sampling_with_the_prefill_graph_keeps_the_target_distribution(int4_bund
     broken = sample_tokens(dec, ids, 1500, 0, SamplingParams(temperature=1.0))
     pvals = check_lossless(dec, b, ids, samples=broken, prefill_graph=True)
     assert min(pvals.values()) < ALPHA, pvals       # the test above fails it (here at x3 given x1 x2)
+
+
+def _prompt_kv(dec, n):
+    return [h[:, :, :n].copy() for h in dec.target._host]
+
+
+@pytest.mark.parametrize("kv_chunks", [(0.5, 40), (0.9, 3)])
+def test_a_reused_prefix_gives_the_cold_calls_kv_bit_for_bit(int4_bundle, kv_chunks):
+    """Prefix reuse with the prefill graph (runtime/prefix.py): a call that extends the previous
+    prompt + answer keeps only the previous prompt's KV (the answer's came from the graph) and prefills
+    the rest on the prefill graph; the prompt's KV then equals a cold call's, bit for bit, and so do
+    the tokens. A shorter prompt keeps nothing the prefill graph computed."""
+    share, extra = kv_chunks
+    b = Bundle.load(int4_bundle)
+    ids = b.target.tokenizer.encode(LONG).ids
+    warm = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1, prefill_graph=True)
+    cold = warm.variant(prefix_reuse=False)
+    first = warm.generate(ids[:int(len(ids) * share)] if share < 1 else ids, max_new_tokens=8)
+    p1 = first.prompt_token_ids
+    assert len(p1) >= PREFILL_GRAPH_TOKENS and warm.target.prefill_graph_rows == len(p1)
+    second_ids = p1 + first.token_ids + ids[:extra]
+    second = warm.generate(second_ids, max_new_tokens=8)
+    assert second.stats.reused_tokens == len(p1)          # the prompt, not the answer
+    kv_warm = _prompt_kv(warm, len(second_ids))
+    again = warm.generate(second_ids, max_new_tokens=8)       # the same prompt again: the last 2 tokens re-run
+    assert again.stats.reused_tokens == len(second_ids) - 2
+    expect = cold.generate(second_ids, max_new_tokens=8)
+    assert all(np.array_equal(w, c) for w, c in zip(kv_warm, _prompt_kv(cold, len(second_ids))))
+    assert second.token_ids == expect.token_ids == again.token_ids
+    warm.generate(second_ids, max_new_tokens=8)
+    short = warm.generate(second_ids[:PREFILL_GRAPH_TOKENS - 10], max_new_tokens=4)
+    assert short.stats.reused_tokens == 0
