@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -108,6 +109,9 @@ class SpeculativeDecoder:
         prefill = sessions.pop(0)[0] if prefill_graph else None
         self.target = ModelRunner(sess, "target", bundle.target.max_position, prefill_session=prefill)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
+        if prefill is not None and not self.target.probe_prefill_chunks():
+            warnings.warn("the prefill graph is not chunk-invariant on this machine: prefix reuse re-runs "
+                          "long prompts whole", RuntimeWarning, stacklevel=2)
         self.drafter = None
         self.text_context = None
         if uses_drafter:

@@ -6,7 +6,8 @@
 - `crop(n)` keeps the first n cached positions; `reset()` empties the cache.
 - With a prefill graph (export/prefill_graph.py), a prompt of PREFILL_GRAPH_TOKENS or more runs on it
   (`prefill_graph_for`); `prefill_graph_rows` counts the leading positions it computed, which prefix
-  reuse may keep (runtime/prefix.py).
+  reuse may keep (runtime/prefix.py) where the prefill graph is chunk-invariant on this machine
+  (`probe_prefill_chunks`).
 - Each forward's wall time (ms) is added to `time_ms` / `last_ms`.
 
 Two KV layouts, chosen from the graph's metadata (`edgespec.kv_cache`, written at export):
@@ -131,6 +132,7 @@ class ModelRunner:
         self.device = _DEVICE.get((session.get_providers() or ["CPUExecutionProvider"])[0], "cpu")
         self._binding = None
         self._prefill_binding = None
+        self.prefill_chunks_exact = False     # probe_prefill_chunks (SpeculativeDecoder runs it)
         self._kv: list | None = None     # shared layout: one OrtValue per past input (and _host, its arrays on CPU)
         self._host: list = []
         self._logits = np.empty((1, 0, 0), np.float32)
@@ -202,6 +204,20 @@ class ModelRunner:
         """Whether a prompt of this many tokens is prefilled on the prefill graph (all of it, also
         what prefix reuse leaves of it: the same function as a cold prefill, runtime/prefix.py)."""
         return self.prefill_session is not None and prompt_tokens >= PREFILL_GRAPH_TOKENS
+
+    def probe_prefill_chunks(self, tokens: int = 16) -> bool:
+        """Whether the prefill graph gives the same bits for `tokens` ids in one forward and in two
+        halves on this machine (MLAS's fp32 kernels do on x86-64); sets `prefill_chunks_exact`. Leaves
+        the cache empty."""
+        ids = (np.arange(tokens) * 7919 % max(1, self.vocab - 1) + 1).tolist()
+        self.reset()
+        whole = self.forward(ids, last=1, prefill_graph=True)[-1].copy()
+        self.reset()
+        self.forward(ids[:tokens // 2], last=1, prefill_graph=True)
+        halves = self.forward(ids[tokens // 2:], last=1, prefill_graph=True)[-1]
+        self.reset()
+        self.prefill_chunks_exact = bool(np.array_equal(whole, halves))
+        return self.prefill_chunks_exact
 
     # ------------------------------------------------------------------ running
     def forward(self, ids: Sequence[int] | np.ndarray, last: int | None = None, pad: bool = True,

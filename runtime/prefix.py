@@ -17,8 +17,9 @@ With a prefill graph (SpeculativeDecoder(prefill_graph=True)) a cold call prefil
 so a reused call keeps only positions the prefill graph computed (`prefill_graph_rows`: the earlier
 prompt, not its answer) and prefills the rest of a long prompt there too, at least 2 tokens (its 1-row
 kernel path differs); a short prompt keeps nothing the prefill graph computed. The prefill graph gives
-the same bits for a prompt in one forward or in two of 2+ tokens (tests/test_prefill_graph.py), so the
-reused call's KV is the cold call's, bit for bit.
+the same bits for a prompt in one forward or in two of 2+ tokens (benchmarks/prefill_chunks.py), so the
+reused call's KV is the cold call's, bit for bit. The decoder probes that on this machine
+(kv.ModelRunner.probe_prefill_chunks); where it fails, a long prompt is never reused.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class PrefixCache:
         if self.target_ids is not None and len(self.target_ids) == runner.length:
             n = min(common_prefix(self.target_ids, prompt_ids), len(prompt_ids) - 1)
             if runner.prefill_graph_for(len(prompt_ids)):
-                n = min(n, runner.prefill_graph_rows, len(prompt_ids) - 2)
+                n = min(n, runner.prefill_graph_rows, len(prompt_ids) - 2) if runner.prefill_chunks_exact else 0
             elif runner.prefill_graph_rows:
                 n = 0
         if n > 0:

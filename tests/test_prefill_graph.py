@@ -186,3 +186,22 @@ def test_a_reused_prefix_gives_the_cold_calls_kv_bit_for_bit(int4_bundle, kv_chu
     warm.generate(second_ids, max_new_tokens=8)
     short = warm.generate(second_ids[:PREFILL_GRAPH_TOKENS - 10], max_new_tokens=4)
     assert short.stats.reused_tokens == 0
+
+
+def test_where_the_prefill_graph_is_not_chunk_invariant_long_prompts_are_not_reused(int4_bundle, monkeypatch):
+    """The decoder probes the prefill graph at construction (kv.ModelRunner.probe_prefill_chunks);
+    where one forward and two halves differ, it says so once and a long prompt starts cold."""
+    b = Bundle.load(int4_bundle)
+    assert SpeculativeDecoder(b, strategy="ar", threads=1, prefill_graph=True).target.prefill_chunks_exact
+    assert not SpeculativeDecoder(b, strategy="ar", threads=1).target.prefill_chunks_exact   # no prefill graph
+
+    def differs(self, tokens=16):
+        self.prefill_chunks_exact = False
+        return False
+    monkeypatch.setattr(ModelRunner, "probe_prefill_chunks", differs)
+    with pytest.warns(RuntimeWarning, match="not chunk-invariant"):
+        dec = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1, prefill_graph=True)
+    ids = b.target.tokenizer.encode(LONG).ids
+    first = dec.generate(ids, max_new_tokens=4)
+    second = dec.generate(first.prompt_token_ids + first.token_ids + ids[:10], max_new_tokens=4)
+    assert second.stats.reused_tokens == 0
