@@ -145,7 +145,8 @@ def dividing_block_sizes(dims, sizes=BLOCK_SIZES) -> list[int]:
 def largest_block_size(model, embedding: bool = True, sizes=DRAFTER_BLOCK_SIZES) -> int:
     """The first of `sizes` dividing every quantized dimension (a drafter's default: larger blocks,
     fewer scale bytes per step); check_block_size reports it if none does."""
-    return (dividing_block_sizes([d for _, _, d, _ in quantizable_weights(model, embedding)], sizes) or [sizes[-1]])[0]
+    dims = [d for _, _, d, _ in quantizable_weights(model, embedding)]
+    return next(iter(dividing_block_sizes(dims, sizes)), sizes[-1])
 
 
 def check_block_size(model, block_size: int, embedding: bool = True) -> None:

@@ -172,7 +172,6 @@ class Generation:
         self.drafter = dec.drafter
         self.q_rows, self.p_rows, self.work = dec.scratch     # per-round arrays, reused by every round
         self.drafter_ctx = None
-        self.drafter_forwarded = False       # starts_fill
         if dec.text_context is not None:
             d = dec.bundle.drafter
             window = DrafterWindow(cfg.drafter_window, d.bos_id if d.add_bos else None)
@@ -288,8 +287,7 @@ class Generation:
     def starts_fill(self) -> bool:
         """Whether the drafter forward about to run fills its window: on an empty KV (the first fill or a
         refill), or the generation's first (the rest of a window that prefix reuse kept in part)."""
-        first, self.drafter_forwarded = not self.drafter_forwarded, True
-        return first or self.drafter.length == 0
+        return self.stats.draft_forwards == 0 or self.drafter.length == 0
 
     def book_draft_forward(self, was_prefill: bool, overlap_from: float | None = None, tokens: int = 0) -> None:
         """Drafter time: a forward on an empty KV fills its window (draft_prefill_ms); one that ran beside
