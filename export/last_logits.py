@@ -15,6 +15,14 @@ builder wrote it (bench --peers).
 
 Rows are computed by the same head kernel whatever k is, as long as k >= 2 on graphs whose 1-row
 MatMulNBits path differs (runtime/kv.py keeps `min_forward_tokens` rows for that reason).
+
+Since 2026-11-27 the rows are cut earlier where the graph allows it: right after the last layer's
+attention (a builder graph's GroupQueryAttention), on its output and on the residual stream beside it
+(`_last_layer_cut`). Attention still sees every position and writes every position's KV; the last
+layer's output projection, its MLP, the norms and the head then run on k rows only (on the 1.5B,
+3.3% of a long prefill's matrix work). Every op between the cut and the head is row-wise (an allow
+list), so the kept rows get the same bits as before as long as k meets the kernels' minimum (above).
+Graphs where that cannot be proved (no attention op, a reshape in the way) keep the cut before the head.
 """
 from __future__ import annotations
 
@@ -29,6 +37,65 @@ LOGITS_TO_KEEP = "logits_to_keep"
 _MAX = np.iinfo(np.int64).max
 
 
+ATTENTION_OPS = {"GroupQueryAttention", "MultiHeadAttention", "Attention", "PagedAttention"}
+# Ops that compute each position's row from that row alone (plus constants).
+ROW_WISE_OPS = {"MatMulNBits", "MatMul", "Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Erf", "Gelu",
+                "FastGelu", "QuickGelu", "BiasGelu", "Softplus", "Cast", "Identity", "Pow", "Sqrt",
+                "Reciprocal", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                "LayerNormalization", "SkipLayerNormalization"}
+_PREFIX = "edgespec/last_logits/"
+
+
+def _last_layer_cut(graph, hidden: str) -> tuple[list[str], list] | None:
+    """(tensors to cut, the nodes that read them) so that everything after the last attention runs on
+    the kept rows: the attention's (unpadded) output and the residual stream that meets it; None where
+    the nodes between it and `hidden` are not all row-wise, or feed anything but the head."""
+    nodes = list(graph.node)
+    producers = {o: n for n in nodes for o in n.output if o}
+    consumers: dict[str, list] = {}
+    for n in nodes:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    constant = {t.name for t in graph.initializer} | {n.output[0] for n in nodes if n.op_type == "Constant"}
+    upstream, todo = set(), [hidden]           # nodes `hidden` depends on, back to the last attention
+    while todo:
+        node = producers.get(todo.pop())
+        if node is None or id(node) in upstream or node.op_type in ATTENTION_OPS:
+            continue
+        upstream.add(id(node))
+        todo.extend(i for i in node.input if i and i not in constant)
+    attention = [n for n in nodes if n.op_type in ATTENTION_OPS and
+                 any(id(c) in upstream for c in consumers.get(n.output[0], []))]
+    if not attention:
+        return None
+    start = attention[-1].output[0]              # the last layer's (ONNX keeps nodes in topological order)
+    while len(consumers.get(start, [])) == 1 and consumers[start][0].op_type == "Slice":
+        start = consumers[start][0].output[0]    # the padded-attention graph's unpad slice (padded_attention.py)
+    downstream, todo = set(), [start]
+    while todo:
+        for node in consumers.get(todo.pop(), []):
+            if id(node) not in downstream:
+                downstream.add(id(node))
+                todo.extend(o for o in node.output if o)
+    between = [n for n in nodes if id(n) in upstream and id(n) in downstream]
+    inside = {id(n) for n in between}
+    graph_outputs = {o.name for o in graph.output}
+    cut = []
+    for node in between:
+        if node.op_type not in ROW_WISE_OPS:
+            return None
+        if node.op_type in ("MatMul", "MatMulNBits") and any(i and i not in constant for i in node.input[1:]):
+            return None                          # a product of two activations is not row-wise
+        for name in node.input:
+            if name and name not in constant and name not in cut and \
+                    (name == start or id(producers.get(name)) not in inside):
+                cut.append(name)
+        for out in filter(None, node.output):
+            if out in graph_outputs or (out != hidden and any(id(c) not in inside for c in consumers.get(out, []))):
+                return None
+    return (cut, between) if start in cut else None
+
+
 def add_logits_to_keep(model) -> bool:
     """Edit an onnx.ModelProto in place; False if it already has the input (nothing done)."""
     from onnx import TensorProto, helper, numpy_helper  # lazy: onnx is the [export] extra
@@ -38,24 +105,34 @@ def add_logits_to_keep(model) -> bool:
         return False
     head, *_rest, path = find_head(graph)
     hidden = head.input[0]
-    names = {LOGITS_TO_KEEP, *(f"edgespec/last_logits/{s}" for s in ("starts", "ends", "axes", "out"))}
+    cut, readers = _last_layer_cut(graph, hidden) or ([hidden], [head])
+    p = _PREFIX
+    names = {LOGITS_TO_KEEP, *(p + s for s in ("starts", "ends", "axes")), *(f"{p}out{j}" for j in range(len(cut)))}
     taken = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | \
         {i.name for i in graph.input}
     if names & taken:
         raise ExportError(f"graph already uses a name edgespec needs for {LOGITS_TO_KEEP}: {sorted(names & taken)}")
-    p = "edgespec/last_logits/"
     # Constant nodes, not initializers: the manifest's weight statistics count initializers.
     consts = [helper.make_node("Constant", [], [p + name], name=p + name + "_const",
                                value=numpy_helper.from_array(np.array([v], np.int64), name))
               for name, v in (("ends", _MAX), ("axes", 1))]
     graph.input.append(helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, [1]))
     neg = helper.make_node("Neg", [LOGITS_TO_KEEP], [p + "starts"], name=p + "neg")
-    cut = helper.make_node("Slice", [hidden, p + "starts", p + "ends", p + "axes"], [p + "out"], name=p + "slice")
-    at = list(graph.node).index(head)
-    for node in reversed([*consts, neg, cut]):
+    slices = [helper.make_node("Slice", [name, p + "starts", p + "ends", p + "axes"], [f"{p}out{j}"],
+                               name=f"{p}slice{j}") for j, name in enumerate(cut)]
+    nodes = list(graph.node)
+    for node in readers:                         # the nodes after the cut read the kept rows
+        for j, name in enumerate(node.input):
+            if name in cut:
+                node.input[j] = f"{p}out{cut.index(name)}"
+    at = min(nodes.index(n) for n in readers)
+    for node in reversed([*consts, neg, *slices]):
         graph.node.insert(at, node)
-    head.input[0] = p + "out"
-    # The head's output and everything between it and `logits` now has k rows, not the input's length.
+    # Everything from the cut to `logits` now has k rows, not the input's length.
+    stale = {o for n in readers for o in n.output}
+    for vi in list(graph.value_info):
+        if vi.name in stale:
+            graph.value_info.remove(vi)
     dims = logits_dims_after_head_edit(graph, head, path)
     if len(dims) >= 2:
         dims[1].ClearField("dim_value")
@@ -64,17 +141,16 @@ def add_logits_to_keep(model) -> bool:
 
 
 def strip_logits_to_keep(model) -> bool:
-    """Undo `add_logits_to_keep` in place (the head reads the hidden state again); False if absent."""
+    """Undo `add_logits_to_keep` in place (every cut reads its source again); False if absent."""
     graph = model.graph
     if not any(i.name == LOGITS_TO_KEEP for i in graph.input):
         return False
-    p = "edgespec/last_logits/"
-    cut = next(n for n in graph.node if n.name == p + "slice")
+    sources = {n.output[0]: n.input[0] for n in graph.node if n.name.startswith(_PREFIX) and n.op_type == "Slice"}
     for n in graph.node:
         for j, name in enumerate(n.input):
-            if name == p + "out":
-                n.input[j] = cut.input[0]
-    for n in [n for n in graph.node if n.name.startswith(p)]:
+            if name in sources:
+                n.input[j] = sources[name]
+    for n in [n for n in graph.node if n.name.startswith(_PREFIX)]:
         graph.node.remove(n)
     graph.input.remove(next(i for i in graph.input if i.name == LOGITS_TO_KEEP))
     return True
