@@ -8,6 +8,7 @@ from pathlib import Path
 
 from edgespec.profiler import bench
 from edgespec.profiler.bench import parse_options
+from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
 from edgespec.profiler.demo import register_demo as _register_demo
 from edgespec.profiler.report import lossless_line, table
 from edgespec.profiler.settings import AUTO, DEFAULT_MAX_DRAFT_LENGTH, BenchSettings
@@ -102,9 +103,9 @@ def register_bench(subparsers) -> None:
     p.add_argument("--peers", action="store_true",
                    help="also run onnxruntime-genai's generator on the same graph and prompts, interleaved, as a "
                         "row of the report (greedy, CPU EP, builder bundles)")
-    p.add_argument("--prefill-graph", action="store_true",
-                   help="prefill 96+ prompt tokens on the target's fp32-compute prefill graph (SpeculativeDecoder("
-                        "prefill_graph=True); every edgespec row, ar included)")
+    p.add_argument("--prefill-graph", choices=list(PREFILL_GRAPH_SETTINGS), default="auto",
+                   help="prefill 96+ prompt tokens on the target's fp32-compute prefill graph, built up front, for "
+                        "every edgespec row, ar included: auto (where the bundle has one, default), on, off")
     p.add_argument("--resume", action="store_true",
                    help="continue the run journaled in OUT/records.jsonl (same settings; --limit/--repeats may grow)")
     p.set_defaults(func=run_bench)
@@ -119,7 +120,7 @@ def bench_settings(args) -> BenchSettings:
         seed=args.seed, ep=args.ep, draft_ep=args.draft_ep, threads=args.threads, draft_threads=args.draft_threads,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, options=parse_options(args.strategy_option),
         bandwidth_mb=args.bandwidth_mb, verify=args.verify, progress=not args.quiet, resume=args.resume,
-        peers=args.peers, prefill_graph=args.prefill_graph, command=_command())
+        peers=args.peers, prefill_graph=PREFILL_GRAPH_SETTINGS[args.prefill_graph], command=_command())
 
 
 def run_bench(args) -> int:

@@ -67,7 +67,7 @@ class BenchSettings:
     progress: bool = True
     resume: bool = False
     peers: bool = False                      # onnxruntime-genai's generator as a row (profiler/peers.py)
-    prefill_graph: bool = False              # long forwards on the target's prefill graph (runtime/kv.py)
+    prefill_graph: bool | str = "auto"       # long forwards on the target's prefill graph (runtime/kv.py)
     command: str = ""
 
     def __post_init__(self):

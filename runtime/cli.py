@@ -8,6 +8,7 @@ import sys
 from edgespec.errors import GenerationError
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.checks import DEFAULT_DRAFTER_WINDOW, PLAIN_STEPS, check_draft_length, check_generation_args
+from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
 from edgespec.runtime.decoder import SpeculativeDecoder
 
 
@@ -29,8 +30,9 @@ def register(subparsers) -> None:
                    help="1-token target steps: exact (padded where the graph asks; greedy output = speculative "
                         "output, default) or fast (the graph's 1-token path)")
     p.add_argument("--max-draft-length", type=int, default=8, metavar="K", help="the most --draft-length auto drafts")
-    p.add_argument("--prefill-graph", action="store_true",
-                   help="prefill 96+ prompt tokens on the target's fp32-compute prefill graph (a second session)")
+    p.add_argument("--prefill-graph", choices=list(PREFILL_GRAPH_SETTINGS), default="auto",
+                   help="prefill 96+ prompt tokens on the target's fp32-compute prefill graph, a second session: "
+                        "auto (where the bundle has one; built for the first 512+ token prompt, default), on, off")
     p.add_argument("--draft-confidence", type=float, default=None, metavar="P",
                    help="stop drafting when the drafter's top probability falls below P")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
@@ -92,7 +94,7 @@ def _generate(args: argparse.Namespace) -> int:
                              threads=args.threads, allow_fallback=args.allow_fallback, draft_probability=a,
                              max_draft_length=args.max_draft_length, draft_confidence=args.draft_confidence,
                              drafter_window=args.drafter_window, plain_steps=args.plain_steps,
-                             prefill_graph=args.prefill_graph)
+                             prefill_graph=PREFILL_GRAPH_SETTINGS[args.prefill_graph])
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
               seed=args.seed, stop=args.stop, chat=args.chat)
     if args.stream and not args.json:

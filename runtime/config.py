@@ -21,6 +21,10 @@ from edgespec.runtime.rounds import draft_tokens
 from edgespec.runtime.strategies import Strategy, get_strategy
 
 
+# --prefill-graph's words for SpeculativeDecoder(prefill_graph=...)
+PREFILL_GRAPH_SETTINGS = {"auto": "auto", "on": True, "off": False}
+
+
 def check_flag(name: str, value) -> None:
     if not isinstance(value, (bool, np.bool_)):
         raise GenerationError(f"{name} must be True or False, got {value!r}")

@@ -19,7 +19,6 @@ import copy
 import dataclasses
 import threading
 import time
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -29,7 +28,7 @@ import numpy as np
 from edgespec.errors import BundleError, GenerationError
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.checks import DEFAULT_DRAFTER_WINDOW, check_generation_args
-from edgespec.runtime.config import DecodeConfig, check_flag
+from edgespec.runtime.config import DecodeConfig
 from edgespec.runtime.chat import as_messages, compile_template, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.governor import Governor
@@ -38,7 +37,8 @@ from edgespec.runtime.prefix import PrefixCache
 from edgespec.runtime.randomised import SideRunner, draft_randomised
 from edgespec.runtime.rounds import Generation
 from edgespec.runtime.sampling import make_rng
-from edgespec.runtime.sessions import CPU, check_threads, create_session, create_sessions, is_cpu_only
+from edgespec.runtime.sessions import (CPU, check_threads, create_session, create_sessions, is_cpu_only,
+                                       prefill_graph_request)
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.strategies import choose_auto, get_strategy
 from edgespec.runtime.text import TextState
@@ -59,7 +59,7 @@ class SpeculativeDecoder:
                  draft_probability: float | str | None = None, draft_threads: int | None = None,
                  concurrent_draft: bool = True, max_draft_length: int = 8, draft_confidence: float | None = None,
                  drafter_window: int | None = DEFAULT_DRAFTER_WINDOW, plain_steps: str = "exact",
-                 prefix_reuse: bool = True, defer_drafter: bool = True, prefill_graph: bool = False,
+                 prefix_reuse: bool = True, defer_drafter: bool = True, prefill_graph: bool | str = "auto",
                  plain_guess: bool = True, **strategy_options):
         # every setting is checked here, first: loading and sessions take seconds
         config = DecodeConfig(get_strategy(strategy), draft_length, max_draft_length, draft_probability,
@@ -82,17 +82,9 @@ class SpeculativeDecoder:
         # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
         requests = [dict(model_path=bundle.target.runtime_onnx, ep=ep, threads=threads, allow_fallback=allow_fallback,
                          role="target", stop_spinning=uses_drafter)]
-        check_flag("prefill_graph", prefill_graph)
-        if prefill_graph:   # long forwards on the fp32-compute graph (export/prefill_graph.py): a second session
-            if bundle.target.prefill_onnx is None:
-                raise GenerationError(f"bundle {bundle.path} has no prefill graph (target/prefill.onnx): only int4 and "
-                                      "int8 CPU exports from 2026-11-26 on have one; re-export such a bundle, or run "
-                                      "without prefill_graph (--prefill-graph)")
-            if not is_cpu_only(ep):
-                raise GenerationError("prefill_graph is for the CPU EP (MatMulNBits' compute type there)")
-            # its threads stop spinning after each prefill: the next run is always the main graph's
-            requests.append(dict(requests[0], model_path=bundle.target.prefill_onnx, role="target prefill",
-                                 stop_spinning=True))
+        prefill_request, prefill_now, prefill_from = prefill_graph_request(bundle, prefill_graph, ep, requests[0], defer_drafter)
+        if prefill_now:
+            requests.append(prefill_request)
         drafter_request = None
         if uses_drafter:
             drafter_request = dict(model_path=bundle.drafter.onnx, ep=ep if draft_ep is None else draft_ep,
@@ -106,12 +98,13 @@ class SpeculativeDecoder:
                                    beside=lambda: _prepare_text(bundle))
         tinfo = bundle.target.info
         sess, self.target_session_info = sessions.pop(0)
-        prefill = sessions.pop(0)[0] if prefill_graph else None
-        self.target = ModelRunner(sess, "target", bundle.target.max_position, prefill_session=prefill)
+        prefill = sessions.pop(0)[0] if prefill_now else None
+        later = (lambda: create_session(**prefill_request)[0]) if prefill_request and not prefill_now else None
+        self.target = ModelRunner(sess, "target", bundle.target.max_position, prefill_session=prefill,
+                                  prefill_factory=later, prefill_from=prefill_from)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
-        if prefill is not None and not self.target.probe_prefill_chunks():
-            warnings.warn("the prefill graph is not chunk-invariant on this machine: prefix reuse re-runs "
-                          "long prompts whole", RuntimeWarning, stacklevel=2)
+        if prefill is not None:
+            self.target.check_prefill_chunks()
         self.drafter = None
         self.text_context = None
         if uses_drafter:

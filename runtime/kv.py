@@ -7,7 +7,8 @@
 - With a prefill graph (export/prefill_graph.py), a prompt of PREFILL_GRAPH_TOKENS or more runs on it
   (`prefill_graph_for`); `prefill_graph_rows` counts the leading positions it computed, which prefix
   reuse may keep (runtime/prefix.py) where the prefill graph is chunk-invariant on this machine
-  (`probe_prefill_chunks`).
+  (`check_prefill_chunks`). A deferred prefill graph (`prefill_factory`) is built for the first prompt
+  that needs it (`build_prefill_graph`).
 - Each forward's wall time (ms) is added to `time_ms` / `last_ms`.
 
 Two KV layouts, chosen from the graph's metadata (`edgespec.kv_cache`, written at export):
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Callable, Sequence
 
 import numpy as np
@@ -48,6 +50,11 @@ PAD_ROWS_KEY = "edgespec.attention_pad_rows"
 # prefill of 64 / 128 / 512 tokens: 0.81 / 1.56 / 6.51 s on the graph, 0.77 / 1.32 / 5.23 s on the
 # prefill graph; a 5-token forward 113 against 310 ms (export/prefill_graph.py).
 PREFILL_GRAPH_TOKENS = 96     # above any verify forward (tests/test_prefill_graph.py checks it)
+# prefill_graph="auto" takes prompts this long: a deferred build (1.1-1.3 s, the int4 1.5B's weights
+# prepacked again) is then about what the prefill graph saves on its first prompt (2.5 ms a token on the
+# 2-core Xeon). One threshold whether built yet or not, so that a prompt's function never depends on
+# what the decoder ran before.
+AUTO_PREFILL_GRAPH_TOKENS = 512
 LOGITS_TO_KEEP = "logits_to_keep"        # the graph input export/last_logits.py adds
 CAPACITY_STEP = 256
 # OrtValue device for an EP's KV buffers; EPs not listed take host memory (ORT copies per run).
@@ -79,12 +86,14 @@ class ModelRunner:
     session_info = None        # sessions.SessionInfo, set by whoever created the session
 
     def __init__(self, session, role: str = "model", max_position: int | None = None, exact: bool = True,
-                 head_dim: int | None = None, kv: str = "auto", prefill_session=None):
+                 head_dim: int | None = None, kv: str = "auto", prefill_session=None,
+                 prefill_factory: Callable[[], object] | None = None, prefill_from: int = PREFILL_GRAPH_TOKENS):
         self.session = session
-        # export/prefill_graph.py: the same graph computing in fp32, for forwards of PREFILL_GRAPH_TOKENS or more
-        self.prefill_session = prefill_session
-        if prefill_session is not None and (_io(prefill_session) != _io(session)):
-            raise BundleError(f"{role} prefill graph's inputs and outputs differ from its graph's")
+        # export/prefill_graph.py: the same graph computing in fp32, for forwards of PREFILL_GRAPH_TOKENS or
+        # more; given (prefill_session) or built for the first long prompt (prefill_factory: a session)
+        self.prefill_session = None
+        self._prefill_factory = prefill_factory if prefill_session is None else None
+        self.prefill_from = max(int(prefill_from), PREFILL_GRAPH_TOKENS)   # the shortest prompt it takes
         self.role = role
         self.max_position = max_position
         inputs = {i.name: i for i in session.get_inputs()}
@@ -118,8 +127,6 @@ class ModelRunner:
         # forward computes the same function. A padded-attention graph (PAD_ROWS_KEY) needs no padding.
         self.min_tokens = max(1, int(meta.get(MIN_TOKENS_KEY, 1))) if exact else 1
         self.pad_rows = max(0, int(meta.get(PAD_ROWS_KEY, 0)))
-        if prefill_session is not None and _meta(prefill_session).get(PAD_ROWS_KEY) != meta.get(PAD_ROWS_KEY):
-            raise BundleError(f"{role} prefill graph's attention padding differs from its graph's")
         if kv not in ("auto", "copy"):
             raise ValueError(f"kv must be 'auto' or 'copy', got {kv!r}")
         self.shared = kv == "auto" and meta.get(KV_KEY) == "shared"
@@ -132,11 +139,38 @@ class ModelRunner:
         self.device = _DEVICE.get((session.get_providers() or ["CPUExecutionProvider"])[0], "cpu")
         self._binding = None
         self._prefill_binding = None
-        self.prefill_chunks_exact = False     # probe_prefill_chunks (SpeculativeDecoder runs it)
+        self.prefill_chunks_exact = False     # check_prefill_chunks (run where the prefill graph is built)
         self._kv: list | None = None     # shared layout: one OrtValue per past input (and _host, its arrays on CPU)
         self._host: list = []
         self._logits = np.empty((1, 0, 0), np.float32)
         self.reset()
+        if prefill_session is not None:
+            self.attach_prefill_graph(prefill_session)
+
+    def attach_prefill_graph(self, session) -> None:
+        """Run long forwards on `session`, which must take and give what the graph does."""
+        if _io(session) != _io(self.session):
+            raise BundleError(f"{self.role} prefill graph's inputs and outputs differ from its graph's")
+        if _meta(session).get(PAD_ROWS_KEY) != _meta(self.session).get(PAD_ROWS_KEY):
+            raise BundleError(f"{self.role} prefill graph's attention padding differs from its graph's")
+        self.prefill_session = session
+        if self._kv is not None:                  # both graphs read and write the same KV buffers
+            self._prefill_binding = self._bind_kv(session)
+
+    @property
+    def prefill_pending(self) -> bool:
+        return self._prefill_factory is not None
+
+    def build_prefill_graph(self) -> float:
+        """Build a deferred prefill graph's session and check it (which leaves the cache empty);
+        returns the milliseconds it took, 0.0 when none is pending."""
+        if self._prefill_factory is None:
+            return 0.0
+        t0 = time.perf_counter()
+        make, self._prefill_factory = self._prefill_factory, None
+        self.attach_prefill_graph(make())
+        self.check_prefill_chunks()
+        return (time.perf_counter() - t0) * 1e3
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
@@ -202,8 +236,18 @@ class ModelRunner:
 
     def prefill_graph_for(self, prompt_tokens: int) -> bool:
         """Whether a prompt of this many tokens is prefilled on the prefill graph (all of it, also
-        what prefix reuse leaves of it: the same function as a cold prefill, runtime/prefix.py)."""
-        return self.prefill_session is not None and prompt_tokens >= PREFILL_GRAPH_TOKENS
+        what prefix reuse leaves of it: the same function as a cold prefill, runtime/prefix.py), built
+        yet or not."""
+        has = self.prefill_session is not None or self._prefill_factory is not None
+        return has and prompt_tokens >= self.prefill_from
+
+    def check_prefill_chunks(self) -> bool:
+        """`probe_prefill_chunks`, saying once where the prefill graph is not chunk-invariant (prefix reuse
+        then re-runs long prompts whole). Leaves the cache empty."""
+        if not self.probe_prefill_chunks():
+            warnings.warn("the prefill graph is not chunk-invariant on this machine: prefix reuse re-runs "
+                          "long prompts whole", RuntimeWarning, stacklevel=3)
+        return self.prefill_chunks_exact
 
     def probe_prefill_chunks(self, tokens: int = 16) -> bool:
         """Whether the prefill graph gives the same bits for `tokens` ids in one forward and in two

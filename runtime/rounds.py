@@ -200,6 +200,10 @@ class Generation:
         forward (context.DrafterWindow), not here: TTFT waits for the target only."""
         self.check_current()
         cache, reuse, dc = self.dec.prefix_cache, self.config.prefix_reuse, self.drafter_ctx
+        if self.target.prefill_pending and self.target.prefill_graph_for(len(self.prompt_ids)):
+            # a deferred prefill graph, built for its first long prompt (its check empties the cache, which
+            # had nothing of that prompt it could reuse: positions the prefill graph never computed)
+            self.stats.prefill_graph_load_ms += self.target.build_prefill_graph()
         kept = cache.target_reuse(self.prompt_ids, self.target) if reuse else self.target.reset() or 0
         if dc is not None:
             dc.text.start(self.prompt_ids)

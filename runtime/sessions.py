@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from edgespec.errors import BundleError, EPError
+from edgespec.errors import BundleError, EPError, GenerationError
+from edgespec.runtime.kv import AUTO_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 
 EP_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -255,3 +256,28 @@ def _in_session_init(frame) -> bool:
             return "initialize_session(" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return False
+
+
+def prefill_graph_request(bundle, setting, ep, target_request: dict, defer: bool) -> tuple:
+    """(the prefill graph's session request or None, whether to build it now, the shortest prompt it
+    takes). "auto": where the bundle has one and the EP is the CPU's, prompts of AUTO_PREFILL_GRAPH_TOKENS
+    or more, built for the first (now with defer_drafter=False); True: required, built now, prompts of
+    PREFILL_GRAPH_TOKENS or more; False: never (runtime/kv.py)."""
+    if setting != "auto" and not isinstance(setting, bool):
+        raise GenerationError(f"prefill_graph must be 'auto', True or False, got {setting!r}")
+    if not setting:
+        return None, False, 0
+    if bundle.target.prefill_onnx is None or not is_cpu_only(ep):
+        if setting == "auto":
+            return None, False, 0
+        if bundle.target.prefill_onnx is None:
+            raise GenerationError(f"bundle {bundle.path} has no prefill graph (target/prefill.onnx): only int4 "
+                                  "and int8 CPU exports from 2026-11-26 on have one; re-export such a bundle, or "
+                                  "run with prefill_graph='auto' or False (--prefill-graph auto|off)")
+        raise GenerationError("prefill_graph is for the CPU EP (MatMulNBits' compute type there)")
+    # its threads stop spinning after each prefill: the next run is always the main graph's
+    request = dict(target_request, model_path=bundle.target.prefill_onnx, role="target prefill", stop_spinning=True)
+    if setting is True:
+        return request, True, PREFILL_GRAPH_TOKENS
+    return request, not defer, AUTO_PREFILL_GRAPH_TOKENS
+

@@ -50,7 +50,11 @@ Times (ms, wall clock, time.perf_counter)
   decoder that deferred it (SpeculativeDecoder(defer_drafter=True), the CPU EP's default): after TTFT,
   inside the decode phase (so in decode_tokens_per_s), once per decoder.
 - `verify_ms`: target ORT runs after its prefill.
-- `overhead_ms` = total_ms - prefill_ms - draft_prefill_ms - draft_ms - verify_ms - drafter_load_ms + overlap_ms:
+- `prefill_graph_load_ms`: building the target's prefill graph session and checking it, in the generation
+  whose prompt first needed it on a decoder that deferred it (prefill_graph="auto"): before the first
+  token, so inside `ttft_ms`, once per decoder.
+- `overhead_ms` = total_ms - prefill_ms - draft_prefill_ms - draft_ms - verify_ms - drafter_load_ms
+  - prefill_graph_load_ms + overlap_ms:
   everything that is not an ORT run (tokenisation, templates, sampling, strategies, verify arithmetic, KV slicing, text decoding).
 - `sampler_ms`: NumPy time turning drafter logits into the draft (the strategy's distribution q over
   target ids, or its greedy pick): masking, TLI renormalisation, RDK's Taylor term or M^T q'. Part of
@@ -113,6 +117,7 @@ class GenerationStats:
     draft_refills: int = 0
     draft_ms: float = 0.0
     drafter_load_ms: float = 0.0
+    prefill_graph_load_ms: float = 0.0
     verify_ms: float = 0.0
     overlap_ms: float = 0.0
     sampler_ms: float = 0.0
@@ -129,7 +134,7 @@ class GenerationStats:
     @property
     def overhead_ms(self) -> float:
         return max(self.total_ms - self.prefill_ms - self.draft_prefill_ms - self.draft_ms - self.verify_ms
-                   - self.drafter_load_ms + self.overlap_ms, 0.0)
+                   - self.drafter_load_ms - self.prefill_graph_load_ms + self.overlap_ms, 0.0)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -208,5 +213,6 @@ class GenerationStats:
                 f"acceptance {acc}, tau {tau}, ttft {self.ttft_ms:.0f} ms, prefill {self.prefill_ms:.0f} ms, "
                 f"draft prefill {self.draft_prefill_ms:.0f} ms, draft {self.draft_ms:.0f} ms, "
                 + (f"drafter load {self.drafter_load_ms:.0f} ms, " if self.drafter_load_ms else "")
+                + (f"prefill graph load {self.prefill_graph_load_ms:.0f} ms, " if self.prefill_graph_load_ms else "")
                 + f"verify {self.verify_ms:.0f} ms, overhead {self.overhead_ms:.0f} ms, "
                 f"resyncs {self.drafter_resyncs}")

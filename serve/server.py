@@ -12,6 +12,7 @@ import sys
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.bundle import Bundle
+from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
 from edgespec.runtime.decoder import SpeculativeDecoder
 from edgespec.runtime.strategies import get_strategy
 from edgespec.serve.worker import Worker
@@ -36,7 +37,7 @@ def make_decoder(bundle, args, defer_drafter: bool = True) -> SpeculativeDecoder
     if gamma == "auto" and not get_strategy(args.strategy).speculative:
         gamma = 1
     return SpeculativeDecoder(bundle, strategy=args.strategy, draft_length=gamma, ep=parse_ep(args.ep),
-                              threads=args.threads, defer_drafter=defer_drafter, prefill_graph=args.prefill_graph)
+                              threads=args.threads, defer_drafter=defer_drafter, prefill_graph=PREFILL_GRAPH_SETTINGS[args.prefill_graph])
 
 
 def check_args(args) -> None:

@@ -65,7 +65,7 @@ def test_a_listed_but_missing_prefill_graph_is_refused(int4_bundle, copy_bundle)
 def test_the_option_is_for_the_cpu_ep_and_a_flag(int4_bundle):
     with pytest.raises(GenerationError, match="CPU EP"):
         SpeculativeDecoder(int4_bundle, prefill_graph=True, ep="cuda", threads=1)
-    with pytest.raises(GenerationError, match="prefill_graph must be True or False"):
+    with pytest.raises(GenerationError, match="prefill_graph must be 'auto', True or False"):
         SpeculativeDecoder(int4_bundle, prefill_graph="no", threads=1)
 
 
@@ -124,12 +124,12 @@ def test_generate_cli_takes_the_flag(int4_bundle, tiny_same_bundle, capsys):
     from edgespec.cli import main
 
     args = ["generate", "--bundle", str(int4_bundle), "--prompt", LONG, "--max-new-tokens", "8", "--threads", "1",
-            "--prefill-graph", "--json"]
+            "--prefill-graph", "on", "--json"]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     ref = SpeculativeDecoder(int4_bundle, strategy="ar", threads=1, prefill_graph=True).generate(LONG, max_new_tokens=8)
     assert out["token_ids"] == ref.token_ids
-    assert main(["generate", "--bundle", str(tiny_same_bundle), "--prompt", "x", "--prefill-graph"]) == 2
+    assert main(["generate", "--bundle", str(tiny_same_bundle), "--prompt", "x", "--prefill-graph", "on"]) == 2
     err = capsys.readouterr().err
     assert "has no prefill graph" in err and "--prefill-graph" in err and err.count("\n") == 1
 
@@ -189,11 +189,11 @@ def test_a_reused_prefix_gives_the_cold_calls_kv_bit_for_bit(int4_bundle, kv_chu
 
 
 def test_where_the_prefill_graph_is_not_chunk_invariant_long_prompts_are_not_reused(int4_bundle, monkeypatch):
-    """The decoder probes the prefill graph at construction (kv.ModelRunner.probe_prefill_chunks);
+    """The decoder probes the prefill graph where it builds it (kv.ModelRunner.check_prefill_chunks);
     where one forward and two halves differ, it says so once and a long prompt starts cold."""
     b = Bundle.load(int4_bundle)
     assert SpeculativeDecoder(b, strategy="ar", threads=1, prefill_graph=True).target.prefill_chunks_exact
-    assert not SpeculativeDecoder(b, strategy="ar", threads=1).target.prefill_chunks_exact   # no prefill graph
+    assert not SpeculativeDecoder(b, strategy="ar", threads=1, prefill_graph=False).target.prefill_chunks_exact
 
     def differs(self, tokens=16):
         self.prefill_chunks_exact = False
@@ -205,3 +205,45 @@ def test_where_the_prefill_graph_is_not_chunk_invariant_long_prompts_are_not_reu
     first = dec.generate(ids, max_new_tokens=4)
     second = dec.generate(first.prompt_token_ids + first.token_ids + ids[:10], max_new_tokens=4)
     assert second.stats.reused_tokens == 0
+
+
+@pytest.fixture
+def auto_from_150(monkeypatch):
+    """prefill_graph="auto" from 150 tokens (the tiny models hold 512 positions, the real threshold)."""
+    from edgespec.runtime import sessions
+    monkeypatch.setattr(sessions, "AUTO_PREFILL_GRAPH_TOKENS", 150)
+
+
+def test_auto_is_the_default_and_builds_the_prefill_graph_for_its_first_long_prompt(int4_bundle, auto_from_150):
+    b = Bundle.load(int4_bundle)
+    ids = b.target.tokenizer.encode(LONG).ids
+    assert len(ids) >= 150 > 120 >= PREFILL_GRAPH_TOKENS
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1)
+    plain = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1, prefill_graph=False)
+    assert dec.target.prefill_pending and dec.target.prefill_session is None
+    medium = dec.generate(ids[:120], max_new_tokens=8)          # under the threshold: the graph, no build
+    assert dec.target.prefill_pending and medium.stats.prefill_graph_load_ms == 0
+    assert medium.token_ids == plain.generate(ids[:120], max_new_tokens=8).token_ids
+    long = dec.generate(ids, max_new_tokens=8)
+    assert not dec.target.prefill_pending and long.stats.prefill_graph_load_ms > 0
+    assert dec.target.prefill_graph_rows == len(ids) and dec.target.prefill_chunks_exact
+    assert long.stats.ttft_ms >= long.stats.prefill_graph_load_ms     # its build is time to the first token
+    on = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1, prefill_graph=True, prefix_reuse=False)
+    assert long.token_ids == on.generate(ids, max_new_tokens=8).token_ids == \
+        dec.variant("ar", prefix_reuse=False).generate(ids, max_new_tokens=8).token_ids
+    again = dec.generate(ids, max_new_tokens=8)
+    assert again.stats.prefill_graph_load_ms == 0 and again.token_ids == long.token_ids
+    # one threshold, built or not: the medium prompt still runs on the graph, with the same tokens
+    assert dec.variant(prefix_reuse=False).generate(ids[:120], max_new_tokens=8).token_ids == medium.token_ids
+    assert dec.target.prefill_graph_rows == 0
+
+
+def test_auto_builds_it_up_front_where_the_drafter_is_and_skips_bundles_without_one(int4_bundle, tiny_same_bundle,
+                                                                                    auto_from_150):
+    dec = SpeculativeDecoder(int4_bundle, strategy="tli", draft_length=2, threads=1, defer_drafter=False)
+    assert not dec.target.prefill_pending and dec.target.prefill_session is not None
+    assert dec.target.prefill_chunks_exact and dec.target.prefill_from == 150
+    assert SpeculativeDecoder(int4_bundle, threads=1, prefill_graph=True).target.prefill_from == PREFILL_GRAPH_TOKENS
+    for ep_bundle in (tiny_same_bundle,):                     # no prefill graph: auto is off, not an error
+        plain = SpeculativeDecoder(ep_bundle, threads=1)
+        assert not plain.target.prefill_pending and not plain.target.prefill_graph_for(10_000)
