@@ -2,7 +2,7 @@
 conversation, interleaved, same decoder settings (the API defaults), greedy.
 
     python benchmarks/chat_turns.py --bundle bundles/qwen-coder-int4 --prompts benchmarks/heldout13.jsonl \
-        --categories rag,summarization,extraction --threads 2 --max-new-tokens 64 [--prefill-graph] [--json OUT]
+        --categories rag,summarization,extraction --threads 2 --max-new-tokens 64 [--prefill-graph auto|on|off] [--json OUT]
 
 Per prompt: turn 1 = the prompt; turn 2 = turn 1 + the assistant's answer + a follow-up question. The
 warm decoder answers turn 1 then turn 2 (reusing the KV of turn 1's prompt and answer); a cold decoder
@@ -26,15 +26,17 @@ def main(argv=None) -> int:
     ap.add_argument("--categories", default="rag,summarization,extraction")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--prefill-graph", action="store_true", help="SpeculativeDecoder(prefill_graph=True)")
+    ap.add_argument("--prefill-graph", choices=["auto", "on", "off"], default="auto",
+                    help="SpeculativeDecoder(prefill_graph=...): auto (default), on, off")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
     from edgespec.calibrate.prompts import load_prompts
     from edgespec.runtime import Bundle, SpeculativeDecoder
+    from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
 
     bundle = Bundle.load(args.bundle, verify="fast")
-    warm = SpeculativeDecoder(bundle, threads=args.threads, prefill_graph=args.prefill_graph)
+    warm = SpeculativeDecoder(bundle, threads=args.threads, prefill_graph=PREFILL_GRAPH_SETTINGS[args.prefill_graph])
     cold = warm.variant(prefix_reuse=False)
     cats = set(args.categories.split(","))
     rows = []

@@ -40,8 +40,12 @@ def prompts_sha256(spec: str, path: Path | None, prompts: list) -> str:
         raise BenchError(f"cannot read prompt file {spec} ({exc.strerror or exc})") from None
 
 
-def fingerprint(settings, manifest_sha256: str, prompts_digest: str) -> dict:
+def fingerprint(settings, manifest_sha256: str, prompts_digest: str, has_prefill_graph: bool = True) -> dict:
+    """What a resumed run must share with the journaled one. `prefill_graph` as it acts: a bundle without a
+    prefill graph (or a non-CPU EP) runs "auto" as False, which is what journals from before the key meant."""
     d = settings_dict(settings)
+    if not has_prefill_graph and d["prefill_graph"] == "auto":
+        d["prefill_graph"] = False
     return {"bundle_manifest_sha256": manifest_sha256, "prompts_sha256": prompts_digest,
             **{k: d[k] for k in FINGERPRINT_KEYS}}
 
