@@ -163,12 +163,19 @@ class ModelRunner:
 
     def build_prefill_graph(self) -> float:
         """Build a deferred prefill graph's session and check it (which leaves the cache empty);
-        returns the milliseconds it took, 0.0 when none is pending."""
+        returns the milliseconds it took, 0.0 when none is pending. Where it cannot be built (memory, a
+        damaged file) it says so once and long prompts run on the graph, as they did until then."""
         if self._prefill_factory is None:
             return 0.0
         t0 = time.perf_counter()
         make, self._prefill_factory = self._prefill_factory, None
-        self.attach_prefill_graph(make())
+        try:
+            self.attach_prefill_graph(make())
+        except Exception as exc:     # noqa: BLE001 - ORT raises its own types; the decoder goes on without it
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            warnings.warn(f"the {self.role} prefill graph could not be built ({first}); long prompts run on the "
+                          "graph", RuntimeWarning, stacklevel=3)
+            return (time.perf_counter() - t0) * 1e3
         self.check_prefill_chunks()
         return (time.perf_counter() - t0) * 1e3
 

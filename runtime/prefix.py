@@ -13,13 +13,13 @@ on graphs whose 1-token kernel path differs every such forward was padded (runti
 positions hold what a cold prefill puts there up to float summation order. tests/test_long_prompts.py
 checks that the tokens equal a cold call's.
 
-With a prefill graph (SpeculativeDecoder(prefill_graph=True)) a cold call prefills a long prompt on it,
+With a prefill graph (SpeculativeDecoder(prefill_graph="auto" or True)) a cold call prefills a long prompt on it,
 so a reused call keeps only positions the prefill graph computed (`prefill_graph_rows`: the earlier
 prompt, not its answer) and prefills the rest of a long prompt there too, at least 2 tokens (its 1-row
 kernel path differs); a short prompt keeps nothing the prefill graph computed. The prefill graph gives
 the same bits for a prompt in one forward or in two of 2+ tokens (benchmarks/prefill_chunks.py), so the
-reused call's KV is the cold call's, bit for bit. The decoder probes that on this machine
-(kv.ModelRunner.probe_prefill_chunks); where it fails, a long prompt is never reused.
+reused call's KV is the cold call's, bit for bit. The runner checks that on this machine where it builds
+the prefill graph (kv.ModelRunner.check_prefill_chunks); where it fails, a long prompt is never reused.
 """
 from __future__ import annotations
 

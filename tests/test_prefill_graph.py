@@ -247,3 +247,17 @@ def test_auto_builds_it_up_front_where_the_drafter_is_and_skips_bundles_without_
     for ep_bundle in (tiny_same_bundle,):                     # no prefill graph: auto is off, not an error
         plain = SpeculativeDecoder(ep_bundle, threads=1)
         assert not plain.target.prefill_pending and not plain.target.prefill_graph_for(10_000)
+
+
+def test_a_prefill_graph_that_cannot_be_built_is_said_once_and_long_prompts_run_on_the_graph(
+        int4_bundle, copy_bundle, auto_from_150):
+    b = copy_bundle(int4_bundle)
+    dec = SpeculativeDecoder(Bundle.load(b), strategy="ar", threads=1)
+    (b / "target" / PREFILL_GRAPH).write_bytes(b"not an onnx graph")      # damaged after the load
+    ids = dec.bundle.target.tokenizer.encode(LONG).ids
+    with pytest.warns(RuntimeWarning, match="prefill graph could not be built") as seen:
+        first = dec.generate(ids, max_new_tokens=6)
+    assert len(seen) == 1 and "\n" not in str(seen[0].message)
+    assert not dec.target.prefill_pending and not dec.target.prefill_graph_for(len(ids))
+    expect = SpeculativeDecoder(int4_bundle, strategy="ar", threads=1, prefill_graph=False).generate(ids, max_new_tokens=6)
+    assert first.token_ids == expect.token_ids == dec.generate(ids, max_new_tokens=6).token_ids
