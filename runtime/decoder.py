@@ -20,6 +20,7 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -42,6 +43,7 @@ from edgespec.runtime.sessions import (CPU, check_threads, create_session, creat
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.strategies import choose_auto, get_strategy
 from edgespec.runtime.text import TextState
+from edgespec.runtime.verdicts import remembered
 
 @dataclass
 class GenerationResult:
@@ -101,7 +103,9 @@ class SpeculativeDecoder:
         prefill = sessions.pop(0)[0] if prefill_now else None
         later = (lambda: create_session(**prefill_request)[0]) if prefill_request and not prefill_now else None
         self.target = ModelRunner(sess, "target", bundle.target.max_position, prefill_session=prefill,
-                                  prefill_factory=later, prefill_from=prefill_from)
+                                  prefill_factory=later, prefill_from=prefill_from,
+                                  remember_chunks=None if prefill_request is None else partial(
+                                      remembered, bundle.target.prefill_onnx, "prefill_chunks_exact", threads))
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
         if prefill is not None:
             self.target.check_prefill_chunks()

@@ -87,13 +87,15 @@ class ModelRunner:
 
     def __init__(self, session, role: str = "model", max_position: int | None = None, exact: bool = True,
                  head_dim: int | None = None, kv: str = "auto", prefill_session=None,
-                 prefill_factory: Callable[[], object] | None = None, prefill_from: int = PREFILL_GRAPH_TOKENS):
+                 prefill_factory: Callable[[], object] | None = None, prefill_from: int = PREFILL_GRAPH_TOKENS,
+                 remember_chunks: Callable[[Callable[[], bool]], bool] | None = None):
         self.session = session
         # export/prefill_graph.py: the same graph computing in fp32, for forwards of PREFILL_GRAPH_TOKENS or
         # more; given (prefill_session) or built for the first long prompt (prefill_factory: a session)
         self.prefill_session = None
         self._prefill_factory = prefill_factory if prefill_session is None else None
         self.prefill_from = max(int(prefill_from), PREFILL_GRAPH_TOKENS)   # the shortest prompt it takes
+        self._remember_chunks = remember_chunks     # (probe) -> verdict, probing only where none is known
         self.role = role
         self.max_position = max_position
         inputs = {i.name: i for i in session.get_inputs()}
@@ -249,9 +251,12 @@ class ModelRunner:
         return has and prompt_tokens >= self.prefill_from
 
     def check_prefill_chunks(self) -> bool:
-        """`probe_prefill_chunks`, saying once where the prefill graph is not chunk-invariant (prefix reuse
-        then re-runs long prompts whole). Leaves the cache empty."""
-        if not self.probe_prefill_chunks():
+        """`probe_prefill_chunks` (or the verdict `remember_chunks` knows for this machine: runtime/verdicts.py),
+        saying once where the prefill graph is not chunk-invariant (prefix reuse then re-runs long prompts
+        whole). A probe leaves the cache empty."""
+        probe = self.probe_prefill_chunks
+        self.prefill_chunks_exact = self._remember_chunks(probe) if self._remember_chunks else probe()
+        if not self.prefill_chunks_exact:
             warnings.warn("the prefill graph is not chunk-invariant on this machine: prefix reuse re-runs "
                           "long prompts whole", RuntimeWarning, stacklevel=3)
         return self.prefill_chunks_exact

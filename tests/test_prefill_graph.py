@@ -188,9 +188,11 @@ def test_a_reused_prefix_gives_the_cold_calls_kv_bit_for_bit(int4_bundle, kv_chu
     assert short.stats.reused_tokens == 0
 
 
-def test_where_the_prefill_graph_is_not_chunk_invariant_long_prompts_are_not_reused(int4_bundle, monkeypatch):
+def test_where_the_prefill_graph_is_not_chunk_invariant_long_prompts_are_not_reused(int4_bundle, monkeypatch,
+                                                                                   tmp_path):
     """The decoder probes the prefill graph where it builds it (kv.ModelRunner.check_prefill_chunks);
     where one forward and two halves differ, it says so once and a long prompt starts cold."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))        # no verdict remembered from other tests
     b = Bundle.load(int4_bundle)
     assert SpeculativeDecoder(b, strategy="ar", threads=1, prefill_graph=True).target.prefill_chunks_exact
     assert not SpeculativeDecoder(b, strategy="ar", threads=1, prefill_graph=False).target.prefill_chunks_exact
@@ -199,6 +201,7 @@ def test_where_the_prefill_graph_is_not_chunk_invariant_long_prompts_are_not_reu
         self.prefill_chunks_exact = False
         return False
     monkeypatch.setattr(ModelRunner, "probe_prefill_chunks", differs)
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "other"))   # nor the verdict of the decoder above
     with pytest.warns(RuntimeWarning, match="not chunk-invariant"):
         dec = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1, prefill_graph=True)
     ids = b.target.tokenizer.encode(LONG).ids
@@ -261,3 +264,29 @@ def test_a_prefill_graph_that_cannot_be_built_is_said_once_and_long_prompts_run_
     assert not dec.target.prefill_pending and not dec.target.prefill_graph_for(len(ids))
     expect = SpeculativeDecoder(int4_bundle, strategy="ar", threads=1, prefill_graph=False).generate(ids, max_new_tokens=6)
     assert first.token_ids == expect.token_ids == dec.generate(ids, max_new_tokens=6).token_ids
+
+
+def test_the_chunk_check_runs_once_per_machine_and_again_where_the_machine_differs(int4_bundle, tmp_path,
+                                                                                  monkeypatch):
+    """runtime/verdicts.py: the verdict is kept beside the prefill graph's digest under the ORT version,
+    the CPU and the thread count; a later decoder that builds the graph does not probe again."""
+    from edgespec.runtime import verdicts
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    probes = []
+    real = ModelRunner.probe_prefill_chunks
+
+    def counted(self, tokens=16):
+        probes.append(tokens)
+        return real(self, tokens)
+    monkeypatch.setattr(ModelRunner, "probe_prefill_chunks", counted)
+    first = SpeculativeDecoder(int4_bundle, strategy="ar", threads=1, prefill_graph=True)
+    again = SpeculativeDecoder(int4_bundle, strategy="ar", threads=1, prefill_graph=True)
+    assert len(probes) == 1 and first.target.prefill_chunks_exact and again.target.prefill_chunks_exact
+    SpeculativeDecoder(int4_bundle, strategy="ar", threads=2, prefill_graph=True)        # another thread count
+    monkeypatch.setattr(verdicts, "cpu_signature", lambda: "another-cpu")
+    SpeculativeDecoder(int4_bundle, strategy="ar", threads=1, prefill_graph=True)
+    assert len(probes) == 3
+    (tmp_path / "home" / "digests.json").write_text("{not json")                  # a damaged record: probe
+    assert SpeculativeDecoder(int4_bundle, strategy="ar", threads=1, prefill_graph=True).target.prefill_chunks_exact
+    assert len(probes) == 4
