@@ -8,7 +8,7 @@ from pathlib import Path
 
 from edgespec.profiler import bench
 from edgespec.profiler.bench import parse_options
-from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
+from edgespec.runtime.config import PREFILL_GRAPH_HELP, PREFILL_GRAPH_SETTINGS
 from edgespec.profiler.demo import register_demo as _register_demo
 from edgespec.profiler.report import lossless_line, table
 from edgespec.profiler.settings import AUTO, DEFAULT_MAX_DRAFT_LENGTH, BenchSettings
@@ -104,8 +104,7 @@ def register_bench(subparsers) -> None:
                    help="also run onnxruntime-genai's generator on the same graph and prompts, interleaved, as a "
                         "row of the report (greedy, CPU EP, builder bundles)")
     p.add_argument("--prefill-graph", choices=list(PREFILL_GRAPH_SETTINGS), default="auto",
-                   help="prefill 96+ prompt tokens on the target's fp32-compute prefill graph, built up front, for "
-                        "every edgespec row, ar included: auto (where the bundle has one, default), on, off")
+                   help=PREFILL_GRAPH_HELP + "; built up front, for every edgespec row, ar included")
     p.add_argument("--resume", action="store_true",
                    help="continue the run journaled in OUT/records.jsonl (same settings; --limit/--repeats may grow)")
     p.set_defaults(func=run_bench)

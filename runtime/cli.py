@@ -8,7 +8,7 @@ import sys
 from edgespec.errors import GenerationError
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.checks import DEFAULT_DRAFTER_WINDOW, PLAIN_STEPS, check_draft_length, check_generation_args
-from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
+from edgespec.runtime.config import PREFILL_GRAPH_HELP, PREFILL_GRAPH_SETTINGS
 from edgespec.runtime.decoder import SpeculativeDecoder
 
 
@@ -31,8 +31,7 @@ def register(subparsers) -> None:
                         "output, default) or fast (the graph's 1-token path)")
     p.add_argument("--max-draft-length", type=int, default=8, metavar="K", help="the most --draft-length auto drafts")
     p.add_argument("--prefill-graph", choices=list(PREFILL_GRAPH_SETTINGS), default="auto",
-                   help="prefill 96+ prompt tokens on the target's fp32-compute prefill graph, a second session: "
-                        "auto (where the bundle has one; built for the first 512+ token prompt, default), on, off")
+                   help=PREFILL_GRAPH_HELP)
     p.add_argument("--draft-confidence", type=float, default=None, metavar="P",
                    help="stop drafting when the drafter's top probability falls below P")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
+from edgespec.runtime.config import PREFILL_GRAPH_HELP, PREFILL_GRAPH_SETTINGS
 from edgespec.serve.chat import run_chat
 from edgespec.serve.server import serve
 
@@ -27,9 +27,7 @@ def _decoder_args(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="intra-op threads per session (default: measured policy)")
     p.add_argument("--verify", default="fast", choices=["full", "fast", "none"], help="bundle file checks (default fast)")
     p.add_argument("--prefill-graph", choices=list(PREFILL_GRAPH_SETTINGS), default="auto",
-                   help="prefill 96+ prompt tokens on the target's fp32-compute prefill graph: about 17-20%% less "
-                        "time to the first token on long prompts, for a second session (docs/runtime.md): auto "
-                        "(where the bundle has one, default), on, off")
+                   help=PREFILL_GRAPH_HELP)
 
 
 def register(subparsers) -> None:
