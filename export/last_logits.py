@@ -46,10 +46,12 @@ ROW_WISE_OPS = {"MatMulNBits", "MatMul", "Add", "Sub", "Mul", "Div", "Sigmoid", 
 _PREFIX = "edgespec/last_logits/"
 
 
-def _last_layer_cut(graph, hidden: str) -> tuple[list[str], list] | None:
+def _last_layer_cut(graph, head) -> tuple[list[str], list] | None:
     """(tensors to cut, the nodes that read them) so that everything after the last attention runs on
     the kept rows: the attention's (unpadded) output and the residual stream that meets it; None where
-    the nodes between it and `hidden` are not all row-wise, or feed anything but the head."""
+    the nodes between it and the head's input are not all row-wise, feed anything but the head, or read
+    a tensor from before the cut that a row-wise node did not make (a per-position table, say)."""
+    hidden = head.input[0]
     nodes = list(graph.node)
     producers = {o: n for n in nodes for o in n.output if o}
     consumers: dict[str, list] = {}
@@ -89,9 +91,12 @@ def _last_layer_cut(graph, hidden: str) -> tuple[list[str], list] | None:
         for name in node.input:
             if name and name not in constant and name not in cut and \
                     (name == start or id(producers.get(name)) not in inside):
+                if name != start and getattr(producers.get(name), "op_type", None) not in ROW_WISE_OPS:
+                    return None
                 cut.append(name)
         for out in filter(None, node.output):
-            if out in graph_outputs or (out != hidden and any(id(c) not in inside for c in consumers.get(out, []))):
+            readers = [c for c in consumers.get(out, []) if id(c) not in inside]
+            if out in graph_outputs or any(c is not head for c in readers) or (readers and out != hidden):
                 return None
     return (cut, between) if start in cut else None
 
@@ -105,7 +110,7 @@ def add_logits_to_keep(model) -> bool:
         return False
     head, *_rest, path = find_head(graph)
     hidden = head.input[0]
-    cut, readers = _last_layer_cut(graph, hidden) or ([hidden], [head])
+    cut, readers = _last_layer_cut(graph, head) or ([hidden], [head])
     p = _PREFIX
     names = {LOGITS_TO_KEEP, *(p + s for s in ("starts", "ends", "axes")), *(f"{p}out{j}" for j in range(len(cut)))}
     taken = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | \

@@ -75,3 +75,23 @@ def test_a_graph_it_cannot_prove_row_wise_keeps_the_cut_before_the_head(tiny_sam
     assert add_logits_to_keep(m)
     cuts = _cuts(m)
     assert len(cuts) == 1 and cuts[0].output[0] in find_head(m.graph)[0].input
+
+
+def test_a_tensor_from_before_the_cut_that_no_row_wise_node_made_keeps_the_cut_before_the_head(tiny_same_bundle):
+    """A per-position table (here: the last layer's residual, rerouted through a Gather) is not a row
+    of the residual stream: slicing it like one could be wrong, so the edit does not try."""
+    from onnx import helper, numpy_helper
+
+    m = _load(tiny_same_bundle, "target")
+    strip_logits_to_keep(m)
+    attention = [n for n in m.graph.node if n.op_type == "GroupQueryAttention"][-1]
+    after = [n for n in m.graph.node if attention.output[0] in n.input][0]       # o_proj
+    norm = [n for n in m.graph.node if after.output[0] in n.input][0]            # adds the residual stream
+    residual = next(i for i in norm.input if i != after.output[0] and i and "weight" not in i)
+    m.graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), "test/zero"))
+    m.graph.node.insert(list(m.graph.node).index(norm), helper.make_node(
+        "Gather", [residual, "test/zero"], ["test/table"], name="test/gather", axis=0))
+    norm.input[list(norm.input).index(residual)] = "test/table"
+    assert add_logits_to_keep(m)
+    cuts = _cuts(m)
+    assert len(cuts) == 1 and cuts[0].output[0] in find_head(m.graph)[0].input
