@@ -46,7 +46,7 @@ from edgespec.runtime.checks import MAX_DRAFT_LENGTH, check_draft_length, check_
 from edgespec.runtime.decoder import SpeculativeDecoder
 from edgespec.runtime.manifest import manifest_sha256
 from edgespec.runtime.rounds import draft_tokens
-from edgespec.runtime.sessions import is_cpu_only
+from edgespec.runtime.sessions import prefill_graph_applies
 from edgespec.runtime.strategies import STRATEGIES, get_strategy
 
 RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms",
@@ -332,7 +332,7 @@ def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> d
 def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook, measured: list, t0: float) -> dict:
     bundle = Bundle.load(s.bundle, verify=s.verify)
     fp = journal.fingerprint(s, manifest_sha256(s.bundle), prompts_digest,
-                             bundle.target.prefill_onnx is not None and is_cpu_only(s.ep))
+                             prefill_graph_applies(bundle, s.ep))
     done = journal.read(out, fp) if s.resume else None
     configs = s.configs()
     log = journal.Journal(out, fp, done)       # before the sessions: refuses to overwrite an earlier run's journal

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from edgespec.profiler import bench
 from edgespec.profiler.bench import parse_options
-from edgespec.runtime.config import PREFILL_GRAPH_HELP, PREFILL_GRAPH_SETTINGS
 from edgespec.profiler.demo import register_demo as _register_demo
 from edgespec.profiler.report import lossless_line, table
 from edgespec.profiler.settings import AUTO, DEFAULT_MAX_DRAFT_LENGTH, BenchSettings
 from edgespec.profiler.study.cli import add_bundle_and_prompts, register_acceptance, register_randomised, register_synthetic
+from edgespec.runtime.config import PREFILL_GRAPH_HELP, PREFILL_GRAPH_SETTINGS
 
 BENCH_EPILOG = """\
 outputs in REPORT/: report.json (schema: docs/report-schema.md), report.md, speedup_mbsu.png,

@@ -23,9 +23,9 @@ from edgespec.runtime.strategies import Strategy, get_strategy
 
 # --prefill-graph's words for SpeculativeDecoder(prefill_graph=...)
 PREFILL_GRAPH_SETTINGS = {"auto": "auto", "on": True, "off": False}
-PREFILL_GRAPH_HELP = ("prefill long prompts on the target's fp32-compute prefill graph, a second session (about 17-20%% "
-                      "less time to the first token; docs/runtime.md): auto (prompts of 512+ tokens where the bundle "
-                      "has one, default), on (96+ tokens), off")
+PREFILL_GRAPH_HELP = ("prefill long prompts on the target's fp32-compute prefill graph, a second session (about "
+                      "17-20%% less time to the first token; docs/runtime.md): auto (prompts of 512+ tokens where "
+                      "the bundle has one, default), on (96+ tokens), off")
 
 
 def check_flag(name: str, value) -> None:

@@ -84,7 +84,8 @@ class SpeculativeDecoder:
         # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
         requests = [dict(model_path=bundle.target.runtime_onnx, ep=ep, threads=threads, allow_fallback=allow_fallback,
                          role="target", stop_spinning=uses_drafter)]
-        prefill_request, prefill_now, prefill_from = prefill_graph_request(bundle, prefill_graph, ep, requests[0], defer_drafter)
+        prefill_request, prefill_now, prefill_from = prefill_graph_request(bundle, prefill_graph, ep, requests[0],
+                                                                           defer_drafter)
         if prefill_now:
             requests.append(prefill_request)
         drafter_request = None

@@ -258,6 +258,11 @@ def _in_session_init(frame) -> bool:
     return False
 
 
+def prefill_graph_applies(bundle, ep) -> bool:
+    """Whether `prefill_graph="auto"` uses a prefill graph: the bundle has one and `ep` is the CPU's."""
+    return bundle.target.prefill_onnx is not None and is_cpu_only(ep)
+
+
 def prefill_graph_request(bundle, setting, ep, target_request: dict, defer: bool) -> tuple:
     """(the prefill graph's session request or None, whether to build it now, the shortest prompt it
     takes). "auto": where the bundle has one and the EP is the CPU's, prompts of AUTO_PREFILL_GRAPH_TOKENS
@@ -267,7 +272,7 @@ def prefill_graph_request(bundle, setting, ep, target_request: dict, defer: bool
         raise GenerationError(f"prefill_graph must be 'auto', True or False, got {setting!r}")
     if not setting:
         return None, False, 0
-    if bundle.target.prefill_onnx is None or not is_cpu_only(ep):
+    if not prefill_graph_applies(bundle, ep):
         if setting == "auto":
             return None, False, 0
         if bundle.target.prefill_onnx is None:
@@ -280,4 +285,3 @@ def prefill_graph_request(bundle, setting, ep, target_request: dict, defer: bool
     if setting is True:
         return request, True, PREFILL_GRAPH_TOKENS
     return request, not defer, AUTO_PREFILL_GRAPH_TOKENS
-

@@ -247,9 +247,8 @@ def test_auto_builds_it_up_front_where_the_drafter_is_and_skips_bundles_without_
     assert not dec.target.prefill_pending and dec.target.prefill_session is not None
     assert dec.target.prefill_chunks_exact and dec.target.prefill_from == 150
     assert SpeculativeDecoder(int4_bundle, threads=1, prefill_graph=True).target.prefill_from == PREFILL_GRAPH_TOKENS
-    for ep_bundle in (tiny_same_bundle,):                     # no prefill graph: auto is off, not an error
-        plain = SpeculativeDecoder(ep_bundle, threads=1)
-        assert not plain.target.prefill_pending and not plain.target.prefill_graph_for(10_000)
+    plain = SpeculativeDecoder(tiny_same_bundle, threads=1)    # no prefill graph: auto is off, not an error
+    assert not plain.target.prefill_pending and not plain.target.prefill_graph_for(10_000)
 
 
 def test_a_prefill_graph_that_cannot_be_built_is_said_once_and_long_prompts_run_on_the_graph(
