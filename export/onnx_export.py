@@ -143,7 +143,7 @@ def run_prefill_decode(sess, ids: np.ndarray, prefill: int = CHECK_PREFILL, outp
     def empty(name):
         shape = inputs[name].shape  # [batch, kv_heads, past, head_dim]
         dims = [1, int(shape[1]), 0, int(shape[3])]
-        return np.zeros(dims, dtype=np.float32)
+        return np.zeros(dims, dtype=np.float16 if inputs[name].type == "tensor(float16)" else np.float32)
 
     past = {n: empty(n) for n in past_names}
     logits = []
@@ -156,7 +156,7 @@ def run_prefill_decode(sess, ids: np.ndarray, prefill: int = CHECK_PREFILL, outp
             feed["position_ids"] = np.arange(pos, pos + s, dtype=np.int64)[None, :]
         feed.update(past)
         res = dict(zip(out_names, sess.run(out_names, {**feed, **default_feeds(sess)})))
-        logits.append(res["logits"])
+        logits.append(res["logits"].astype(np.float32))
         past = {p.replace("present.", "past_key_values."): res[p] for p in present_names}
         pos += s
     return np.concatenate(logits, axis=1)

@@ -50,8 +50,10 @@ def add_arguments(p) -> None:
     g.add_argument("--quantize-embedding", action="store_true",
                    help="int4: also quantize the embedding table (GatherBlockQuantized); smaller files, same bytes "
                         "per forward, some quality loss")
-    g.add_argument("--quantize-ep", default="cpu", metavar="EP",
-                   help="execution provider the quantized bundle is for; refused if it lacks the kernels (default cpu)")
+    p.add_argument("--ep", "--quantize-ep", dest="quantize_ep", default="cpu", metavar="EP",
+                   help="execution provider the bundle is made for: cpu (default), cuda, dml or webgpu (the model "
+                        "builder's graphs for that EP: attention and the KV cache on the device; float graphs are "
+                        "fp16 there); a --quantize scheme the EP lacks kernels for is refused")
     g.add_argument("--int4-algo", choices=("rtn", "k_quant", "rtn_last", "k_quant_last", "k_quant_mixed"), default=None,
                    help="builder graphs: onnxruntime's weight-quantization method (default k_quant; rtn is the builder's own default); *_last "
                         "keeps the LM head in int8, k_quant_mixed also the most sensitive layers (docs/fast-path.md)")
@@ -72,14 +74,17 @@ def builder_settings(args) -> dict:
         if scheme not in BUILDER_PRECISION:
             out["unsupported"] = f"{scheme} is not a model-builder precision; use --graph optimum"
             continue
-        out[side] = BUILDER_PRECISION[scheme]
-        if scheme == "fp16":
+        # a GPU EP's float graph is fp16: ORT has no fp32 GroupQueryAttention kernel on CUDA, so an fp32
+        # graph would run attention on the CPU EP (runtime/placement.py)
+        out[side] = "fp16" if scheme == "none" and args.quantize_ep != "cpu" else BUILDER_PRECISION[scheme]
+        if out[side] == "fp16":
             out["optimum_refuses"] = FP16_BUILDER_ONLY
     return out
 
 
 def transform_from_args(args):
-    if "fp16" in (args.quantize, args.quantize_target, args.quantize_drafter):
+    gpu_float = args.quantize_ep != "cpu" and "none" in _schemes(args)
+    if "fp16" in (args.quantize, args.quantize_target, args.quantize_drafter) or gpu_float:
         if args.graph == "optimum":
             raise ExportError(FP16_BUILDER_ONLY)
         return None          # the builder's precision; the optimum path refuses it in export_bundle

@@ -33,6 +33,7 @@ from edgespec.runtime.stats import GenerationStats
 
 GENAI = "onnxruntime-genai"
 PEERS = (GENAI,)
+GENAI_EPS = {"cuda": "CUDAExecutionProvider"}     # the generator's EP names beside "cpu"
 SCRATCH_PREFIX = "edgespec-peer-"
 
 
@@ -50,7 +51,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 class GenaiPeer:
     """onnxruntime-genai's Generator on a builder bundle's target graph."""
 
-    def __init__(self, target_dir: Path, threads: int | None):
+    def __init__(self, target_dir: Path, threads: int | None, ep: str = "cpu"):
         import onnx  # lazy: optional heavy dependencies (edgespec[export])
         import onnxruntime_genai as og  # lazy: onnxruntime-genai: the [export] extra
 
@@ -62,6 +63,10 @@ class GenaiPeer:
         cfg = json.loads((target_dir / "genai_config.json").read_text())
         so = cfg["model"]["decoder"].setdefault("session_options", {})
         so.update({"intra_op_num_threads": int(threads or default_threads()), "inter_op_num_threads": 1})
+        # the generator's EP: its config's provider_options (the CPU EP where it names none)
+        options = [o for o in so.get("provider_options", []) if ep in o]
+        so["provider_options"] = options or ([{ep: {}}] if ep != "cpu" else [])
+        self.providers = ["CPUExecutionProvider"] if ep == "cpu" else [GENAI_EPS[ep]]
         graph_name = cfg["model"]["decoder"].get("filename", "model.onnx")
         for f in target_dir.iterdir():
             if f.is_file() and f.name not in ("genai_config.json", graph_name):
@@ -89,7 +94,7 @@ class GenaiPeer:
         st = GenerationStats(strategy=GENAI, new_tokens=len(out), prompt_tokens=len(ids), prefill_tokens=1,
                              target_forwards=len(out), verify_forwards=len(out) - 1, total_ms=total, ttft_ms=ttft,
                              stop_reason="eos" if len(out) < max_new_tokens else "length",
-                             providers={"target": ["CPUExecutionProvider"]})
+                             providers={"target": list(self.providers)})
         return GenerationResult(text="", token_ids=out, stats=st, prompt_token_ids=list(ids))
 
     def close(self) -> None:
@@ -105,8 +110,8 @@ def make_peers(bundle, settings) -> dict:
         return {}
     if settings.temperature != 0:
         return skip("the peer rows are greedy only (give --temperature 0)")
-    if settings.ep != "cpu":
-        return skip(f"the peer row runs the CPU EP only, not {settings.ep}")
+    if settings.ep not in ("cpu", *GENAI_EPS):
+        return skip(f"the peer row runs the CPU or CUDA EP, not {settings.ep}")
     try:
         import onnxruntime_genai  # noqa: F401  # lazy: onnxruntime-genai: the [export] extra
     except ImportError:
@@ -115,6 +120,6 @@ def make_peers(bundle, settings) -> dict:
     if not (target_dir / "genai_config.json").is_file():
         return skip(f"{target_dir} has no genai_config.json (an optimum graph; export with --graph builder)")
     try:
-        return {GENAI: GenaiPeer(target_dir, settings.threads)}
+        return {GENAI: GenaiPeer(target_dir, settings.threads, settings.ep)}
     except Exception as exc:            # the peer's own loader: say why in one line, bench the rest
         return skip(f"onnxruntime-genai could not load the graph ({str(exc).splitlines()[0][:200]})")

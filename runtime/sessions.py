@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 
 from edgespec.errors import BundleError, EPError, GenerationError
 from edgespec.runtime.kv import AUTO_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
+from edgespec.runtime.placement import RECORD_KEY
 
 EP_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -157,6 +158,8 @@ def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu
     only_cpu = all(n == CPU for n in names)
     so = session_options(threads, "threads" if role in ("model", "target") else f"{role} threads",
                          stop_spinning=stop_spinning)
+    if not only_cpu:                # which EP runs each node (runtime/placement.py: the KV layout's soundness)
+        so.add_session_config_entry(RECORD_KEY, "1")
     available = list(ort.get_available_providers())
     if names[0] not in available and not allow_fallback:     # refuse before ORT warns and prints about it
         raise EPError(f"{role}: execution provider {names[0]} is not in this onnxruntime build (it offers "

@@ -39,8 +39,8 @@ class TargetOracle:
     """Exact next-token distributions of the bundle's target (its own 1-thread session; with
     `prefill_graph`, long forwards on the target's prefill graph, as SpeculativeDecoder(prefill_graph=True))."""
 
-    def __init__(self, bundle, params: SamplingParams, prefill_graph: bool = False):
-        sess, _ = create_session(bundle.target.onnx, "cpu", threads=1, role="oracle")
+    def __init__(self, bundle, params: SamplingParams, prefill_graph: bool = False, ep: str = "cpu"):
+        sess, _ = create_session(bundle.target.onnx, ep, threads=1, role="oracle")
         twin = create_session(bundle.target.prefill_onnx, "cpu", threads=1, role="oracle")[0] if prefill_graph else None
         self.runner = ModelRunner(sess, "oracle", prefill_session=twin)
         self.params = params
@@ -114,10 +114,10 @@ def sample_tokens(decoder, prompt_ids: list[int], n: int, seed: int, params: Sam
 
 def check_lossless(decoder, bundle, prompt_ids: list[int], n: int = 2000, seed: int = 0,
                    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                   samples: np.ndarray | None = None, prefill_graph: bool = False) -> dict:
+                   samples: np.ndarray | None = None, prefill_graph: bool = False, ep: str = "cpu") -> dict:
     """p-values {"x1", "x2", "x3|x1x2"} for `decoder` on `prompt_ids` (module docstring)."""
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    oracle = TargetOracle(bundle, params, prefill_graph)
+    oracle = TargetOracle(bundle, params, prefill_graph, ep)     # the target's distribution on the decoder's EP
     toks = samples if samples is not None else sample_tokens(decoder, prompt_ids, n, seed, params)
     v = oracle.vocab
     p1, p2 = oracle.marginals(prompt_ids)

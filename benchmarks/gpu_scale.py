@@ -1,0 +1,160 @@
+"""Step costs at the real pair's shapes on a GPU EP (benchmarks/gpu_check.py --scale).
+
+Random Qwen2.5-Coder-1.5B- and 0.5B-shaped models are made with transformers on the machine, built with
+onnxruntime-genai's model builder for the EP (fp16, then int4), given edgespec's graph metadata
+(export/builder.py `_finish_graph`), and timed: edgespec's ModelRunner (shared KV layout) against
+onnxruntime-genai's generator on the same graph, interleaved; the cost of a k-token forward, k = 1..9;
+the drafter's step with its full head and pruned to 32,768 tokens (export/prune.py); the expected
+speedup of the measured costs at acceptance 0.6 / 0.7 / 0.8 (profiler/mbsu.py's tau). Random weights:
+acceptance means nothing here. EDGESPEC_SCALE_SHAPES=tiny shrinks the models for a dry run on a CPU.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+QWEN_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=False)
+QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=4096, tie_word_embeddings=False)
+PROMPT, NEW = 64, 128
+KEEP = 32768
+
+
+def _hf_model(shape: dict, out: Path, tokenizer_dir: Path, device: str) -> Path:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(**shape, max_position_embeddings=32768, rope_theta=1e6,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(cfg).to(torch.float16).eval()
+    model.save_pretrained(str(out))
+    for f in tokenizer_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def _build(hf: Path, out: Path, precision: str, ep: str, head_dim: int) -> Path:
+    from edgespec.export.builder import _finish_graph
+
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out), "-p", precision,
+           "-e", ep, "-c", str(out.parent / f"{out.name}.cache")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"builder failed: {proc.stderr[-800:]}")
+    _finish_graph(out / "model.onnx", head_dim, precision)
+    print(f"built {out.name} in {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def _runner(path: Path, ep: str):
+    from edgespec.runtime.kv import ModelRunner
+    from edgespec.runtime.sessions import create_session
+
+    sess, _ = create_session(path, ep, role="target")
+    return ModelRunner(sess, "target")
+
+
+def _edgespec_plain(runner, ids: list[int]) -> float:
+    """Decode tok/s of greedy 1-token steps after a prefill (the first token excluded)."""
+    runner.reset()
+    tok = int(np.argmax(runner.forward(ids, last=1)[-1]))
+    t0 = time.perf_counter()
+    for _ in range(NEW):
+        tok = int(np.argmax(runner.forward([tok], pad=False)[-1]))
+    return NEW / (time.perf_counter() - t0)
+
+
+def _genai_plain(model, og, ids: list[int]) -> float:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + NEW + 1, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(list(ids))
+    gen.generate_next_token()
+    t0 = time.perf_counter()
+    for _ in range(NEW):
+        gen.generate_next_token()
+    return NEW / (time.perf_counter() - t0)
+
+
+def _k_costs(runner, ids: list[int], ks=range(1, 10), reps: int = 15) -> dict:
+    runner.reset()
+    runner.forward(ids, last=1)
+    base = runner.length
+    out = {}
+    for k in ks:
+        times = []
+        for _ in range(reps + 2):
+            t0 = time.perf_counter()
+            runner.forward(ids[:k], pad=False)
+            times.append((time.perf_counter() - t0) * 1e3)
+            runner.crop(base)
+        out[k] = round(statistics.median(times[2:]), 3)
+    return out
+
+
+def _expected(costs: dict, draft_ms: float) -> dict:
+    from edgespec.profiler.mbsu import expected_tau
+
+    best = {}
+    for alpha in (0.6, 0.7, 0.8):
+        rows = [(expected_tau(alpha, g) * costs[1] / (g * draft_ms + costs[g + 1]), g) for g in range(1, 9)]
+        s, g = max(rows)
+        best[str(alpha)] = {"speedup": round(s, 3), "gamma": g}
+    return best
+
+
+def scale(ep: str, out: Path, say, tokenizer_dir: Path) -> None:
+    tiny = os.environ.get("EDGESPEC_SCALE_SHAPES") == "tiny"
+    device = "cuda" if ep == "cuda" else "cpu"
+    work = Path(os.environ.get("EDGESPEC_SCALE_DIR", "/tmp/edgespec-scale"))
+    work.mkdir(parents=True, exist_ok=True)
+    t_shape = TINY if tiny else QWEN_15B
+    d_shape = dict(TINY, tie_word_embeddings=True) if tiny else QWEN_05B
+    t_hf = _hf_model(t_shape, work / "t-hf", tokenizer_dir, device)
+    d_hf = _hf_model(d_shape, work / "d-hf", tokenizer_dir, device)
+    import onnxruntime_genai as og
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(100, t_shape["vocab_size"] - 100, PROMPT).tolist()
+    keep = min(KEEP, d_shape["vocab_size"] // 2)
+    for precision in ("fp16" if ep != "cpu" else "fp32", "int4"):     # the CPU EP: a dry run
+        t0 = time.perf_counter()
+        t_dir = _build(t_hf, work / f"t-{precision}", precision, ep, t_shape["hidden_size"] // t_shape["num_attention_heads"])
+        d_dir = _build(d_hf, work / f"d-{precision}", precision, ep, d_shape["hidden_size"] // d_shape["num_attention_heads"])
+        from edgespec.export.prune import prune_head
+
+        (work / f"d-{precision}-pruned").mkdir(exist_ok=True)
+        prune_head(d_dir / "model.onnx", work / f"d-{precision}-pruned", np.arange(keep), np.arange(keep))
+        target = _runner(t_dir / "model.onnx", ep)
+        model = og.Model(str(t_dir))
+        rates = {"edgespec": [], "genai": []}
+        for _ in range(3):                     # interleaved
+            rates["genai"].append(_genai_plain(model, og, ids))
+            rates["edgespec"].append(_edgespec_plain(target, ids))
+        costs = _k_costs(target, ids)
+        drafter = {name: _k_costs(_runner(path / "model.onnx", ep), ids, ks=(1,))[1]
+                   for name, path in (("full", d_dir), ("pruned", work / f"d-{precision}-pruned"))}
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        say(f"scale/{precision}", {
+            "plain_decode_tok_s": {k: round(v, 1) for k, v in med.items()},
+            "edgespec_over_genai": round(med["edgespec"] / med["genai"], 3),
+            "runs": {k: [round(x, 1) for x in v] for k, v in rates.items()},
+            "target_k_token_forward_ms": costs, "verify_cost_vs_1": {k: round(v / costs[1], 2) for k, v in costs.items()},
+            "drafter_step_ms": drafter, "c_time_pruned": round(drafter["pruned"] / costs[1], 3),
+            "expected_speedup_vs_plain": _expected(costs, drafter["pruned"]), "kv_shared": target.shared,
+            "seconds": round(time.perf_counter() - t0, 1)})
+        del model, target
