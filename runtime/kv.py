@@ -35,7 +35,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from edgespec.errors import BundleError, GenerationError
-from edgespec.runtime.placement import CPU, KVPlacement, kv_placement, read_placement
+from edgespec.runtime.placement import CPU, DEVICE
+from edgespec.runtime.probes import check_device_session
 
 _PAST_PREFIX = "past_key_values."
 _PRESENT_PREFIX = "present."
@@ -58,11 +59,6 @@ PREFILL_GRAPH_TOKENS = 96     # above any verify forward (tests/test_prefill_gra
 AUTO_PREFILL_GRAPH_TOKENS = 512
 LOGITS_TO_KEEP = "logits_to_keep"        # the graph input export/last_logits.py adds
 CAPACITY_STEP = 256
-# probe_shared_layout: the shared layout is sound where its logits are within this share of the largest
-# logit of the copy layout's (fp16 kernels differ by ~1e-3 of it; a cache written off its device, 0.5+)
-LAYOUT_TOLERANCE = 0.02
-# OrtValue device for an EP's KV buffers; EPs not listed take host memory (ORT copies per run).
-_DEVICE = {"CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml", "ROCMExecutionProvider": "rocm"}
 
 
 def default_feeds(session) -> dict:
@@ -144,7 +140,7 @@ class ModelRunner:
         self.tokens_fed = 0
         self.capacity = 0
         session_ep = (session.get_providers() or [CPU])[0]
-        self.device = _DEVICE.get(session_ep, "cpu")
+        self.device = DEVICE.get(session_ep, "cpu")
         self._binding = None
         self._prefill_binding = None
         self.prefill_chunks_exact = False     # check_prefill_chunks (run where the prefill graph is built)
@@ -152,47 +148,10 @@ class ModelRunner:
         self._host: list = []
         self._logits = np.empty((1, 0, 0), self.logits_dtype)
         self.reset()
-        if self.shared and session_ep != CPU:
-            self._choose_kv_device(session_ep)
+        if session_ep != CPU:      # what this EP's kernels do, measured (runtime/probes.py)
+            check_device_session(self, session_ep, exact)
         if prefill_session is not None:
             self.attach_prefill_graph(prefill_session)
-
-    def _choose_kv_device(self, session_ep: str) -> None:
-        """On a non-CPU EP, keep the shared layout only where it is sound (runtime/placement.py): its
-        buffers in the memory of the EP that runs attention, and the same logits as the copy layout on a
-        probe; else the copy layout. Either way a choice worth knowing is said once."""
-        where = kv_placement(read_placement(self.session), session_ep, self.role)
-        if where.ep is None:
-            self.shared = False
-        else:
-            self.device = _DEVICE.get(where.ep, "cpu")
-            diff = self.probe_shared_layout()
-            if not diff <= LAYOUT_TOLERANCE:
-                self.shared, self._kv, self._binding, self.capacity = False, None, None, 0
-                self.reset()
-                where = KVPlacement(None, f"{self.role}: the shared KV layout gave other logits than the copy layout "
-                                          f"on {session_ep} (max |diff| {diff:.3g}); the cache is copied between steps")
-        if where.reason:
-            warnings.warn(where.reason, RuntimeWarning, stacklevel=4)
-
-    def probe_shared_layout(self, tokens: int = 4) -> float:
-        """Max |diff| between the shared and the copy layout's logits, relative to the largest logit (at
-        least 1), over a prefill of `tokens` ids, a 1-token and a 2-token step. Leaves the cache empty and
-        the counters as they were."""
-        ids = (np.arange(tokens + 3) * 7919 % max(1, self.vocab - 1) + 1).tolist()
-        counters = (self.time_ms, self.last_ms, self.forwards, self.tokens_fed)
-        runs = []
-        for shared in (True, False):
-            self.shared = shared
-            self.reset()
-            # copies: a forward's logits are valid until the next forward
-            runs.append(np.concatenate([self.forward(ids[:tokens], pad=False).copy(),
-                                        self.forward(ids[tokens:tokens + 1], pad=False).copy(),
-                                        self.forward(ids[tokens + 1:], pad=False).copy()]))
-        self.shared = True
-        self.reset()
-        self.time_ms, self.last_ms, self.forwards, self.tokens_fed = counters
-        return float(np.max(np.abs(runs[0] - runs[1])) / max(1.0, float(np.max(np.abs(runs[1])))))
 
     def attach_prefill_graph(self, session) -> None:
         """Run long forwards on `session`, which must take and give what the graph does."""

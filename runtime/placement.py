@@ -24,6 +24,8 @@ RECORD_KEY = "session.record_ep_graph_assignment_info"
 KV_WRITERS = frozenset({"GroupQueryAttention", "MultiHeadAttention", "Attention", "DecoderMaskedMultiHeadAttention",
                         "PagedAttention", "SparseAttention"})
 CPU = "CPUExecutionProvider"
+# OrtValue device for an EP's shared KV buffers; EPs not listed take host memory (ORT copies per run)
+DEVICE = {"CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml", "ROCMExecutionProvider": "rocm"}
 
 
 @dataclass(frozen=True)
