@@ -91,7 +91,7 @@ def check_placement(bundles: dict, ep: str) -> None:
         writers = sorted({f"{n.op_type}@{n.ep}" for n in nodes if n.op_type in KV_WRITERS})
         off_ep = sorted({f"{n.op_type}" for n in nodes if n.ep != info.active[0]})
         say(f"placement/{name}", {"active": info.active[:1], "kv_writers": writers, "nodes_off_the_ep": off_ep,
-                                  "shared": runner.shared, "kv_device": runner.device,
+                                  "shared": runner.shared, "kv_device": runner.device, "min_tokens": runner.min_tokens,
                                   "said": [str(w.message) for w in caught]})
 
 

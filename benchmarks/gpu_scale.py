@@ -106,12 +106,86 @@ def _k_costs(runner, ids: list[int], ks=range(1, 10), reps: int = 15) -> dict:
     return out
 
 
+def _graph_costs(path: Path, ks=(1, 2, 3, 4, 5), cap: int = 256, past: int = 64, reps: int = 30,
+                 device: str = "cuda") -> dict:
+    """ms per forward of k tokens replayed from a captured CUDA graph (ORT's enable_cuda_graph, one graph
+    per k through the run option gpu_graph_id): every input and output bound to a fixed device buffer,
+    the attention mask at its full length (zeros after the cached positions: GroupQueryAttention's shared
+    buffer reads the lengths from its sum), input ids and mask updated in place, the logits copied to the
+    host after each replay. Also the max |diff| of the first replay's logits against a plain session's."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    gpu = device == "cuda"          # device="cpu": a dry run of this code on a machine without a GPU
+    sess = ort.InferenceSession(str(path), so, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"}),
+                                                          "CPUExecutionProvider"] if gpu else ["CPUExecutionProvider"])
+    plain = ort.InferenceSession(str(path), so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"] if gpu
+                                 else ["CPUExecutionProvider"])
+    inputs = {i.name: i for i in sess.get_inputs()}
+    names = [n for n in inputs if n.startswith("past_key_values.")]
+    shape = inputs[names[0]].shape
+    kv_type = np.float16 if inputs[names[0]].type == "tensor(float16)" else np.float32
+    logits_out = next(o for o in sess.get_outputs() if o.name == "logits")
+    logits_type = np.float16 if logits_out.type == "tensor(float16)" else np.float32
+    rng = np.random.default_rng(1)
+    host_kv = [(rng.standard_normal((1, int(shape[1]), cap, int(shape[3]))) * 0.1).astype(kv_type) for _ in names]
+    out: dict = {}
+    for k in ks:
+        kv = [ort.OrtValue.ortvalue_from_numpy(h.copy(), device, 0) for h in host_kv]
+        ids_host = rng.integers(100, 1000, (1, k)).astype(np.int64)
+        mask_host = np.zeros((1, cap), np.int64)
+        mask_host[0, :past + k] = 1
+        ids, mask = (ort.OrtValue.ortvalue_from_numpy(a, device, 0) for a in (ids_host, mask_host))
+        logits = ort.OrtValue.ortvalue_from_shape_and_type([1, k, int(logits_out.shape[-1])], logits_type, device, 0)
+        io = sess.io_binding()
+        io.bind_ortvalue_input("input_ids", ids)
+        io.bind_ortvalue_input("attention_mask", mask)
+        for n, v in zip(names, kv):
+            io.bind_ortvalue_input(n, v)
+            io.bind_ortvalue_output(n.replace("past_key_values.", "present."), v)
+        io.bind_ortvalue_output("logits", logits)
+        if "logits_to_keep" in inputs:        # 0: every position (export/last_logits.py)
+            io.bind_ortvalue_input("logits_to_keep", ort.OrtValue.ortvalue_from_numpy(np.zeros(1, np.int64), device, 0))
+        for o in sess.get_outputs():         # the pruned drafter's constant outputs: fixed buffers too
+            if o.name != "logits" and not o.name.startswith("present."):
+                io.bind_ortvalue_output(o.name, ort.OrtValue.ortvalue_from_shape_and_type(
+                    [int(d) for d in o.shape], np.int64, device, 0))
+        ro = ort.RunOptions()
+        ro.add_run_config_entry("gpu_graph_id", str(k))
+        times = []
+        for i in range(reps + 3):
+            t0 = time.perf_counter()
+            ids.update_inplace(ids_host)
+            mask.update_inplace(mask_host)
+            sess.run_with_iobinding(io, ro)
+            got = logits.numpy()
+            times.append((time.perf_counter() - t0) * 1e3)
+            if i == 0:                     # the plain session on the same inputs (its own copy of the cache)
+                io2 = plain.io_binding()
+                kv2 = [ort.OrtValue.ortvalue_from_numpy(h.copy(), device, 0) for h in host_kv]
+                io2.bind_cpu_input("input_ids", ids_host)
+                io2.bind_cpu_input("attention_mask", mask_host)
+                if "logits_to_keep" in inputs:
+                    io2.bind_cpu_input("logits_to_keep", np.zeros(1, np.int64))
+                for n, v in zip(names, kv2):
+                    io2.bind_ortvalue_input(n, v)
+                    io2.bind_ortvalue_output(n.replace("past_key_values.", "present."), v)
+                io2.bind_output("logits")
+                plain.run_with_iobinding(io2)
+                ref = io2.copy_outputs_to_cpu()[-1]
+                out[f"diff_{k}"] = float(np.abs(ref.astype(np.float32) - got.astype(np.float32)).max())
+        out[k] = round(statistics.median(times[3:]), 3)
+    return out
+
+
 def _expected(costs: dict, draft_ms: float) -> dict:
     from edgespec.profiler.mbsu import expected_tau
 
     best = {}
     for alpha in (0.6, 0.7, 0.8):
-        rows = [(expected_tau(alpha, g) * costs[1] / (g * draft_ms + costs[g + 1]), g) for g in range(1, 9)]
+        rows = [(expected_tau(alpha, g) * costs[1] / (g * draft_ms + costs[g + 1]), g) for g in range(1, 9)
+                if g + 1 in costs]
         s, g = max(rows)
         best[str(alpha)] = {"speedup": round(s, 3), "gamma": g}
     return best
@@ -149,6 +223,14 @@ def scale(ep: str, out: Path, say, tokenizer_dir: Path) -> None:
         drafter = {name: _k_costs(_runner(path / "model.onnx", ep), ids, ks=(1,))[1]
                    for name, path in (("full", d_dir), ("pruned", work / f"d-{precision}-pruned"))}
         med = {k: statistics.median(v) for k, v in rates.items()}
+        graphs = {}
+        if ep == "cuda":
+            try:
+                graphs = {"target": _graph_costs(t_dir / "model.onnx"),
+                          "drafter_pruned": _graph_costs(work / f"d-{precision}-pruned" / "model.onnx", ks=(1,))}
+                graphs["expected_speedup_vs_plain_graph"] = _expected(graphs["target"], graphs["drafter_pruned"][1])
+            except Exception as exc:  # noqa: BLE001 - a measurement: say why it could not be made
+                graphs = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
         say(f"scale/{precision}", {
             "plain_decode_tok_s": {k: round(v, 1) for k, v in med.items()},
             "edgespec_over_genai": round(med["edgespec"] / med["genai"], 3),
@@ -156,5 +238,6 @@ def scale(ep: str, out: Path, say, tokenizer_dir: Path) -> None:
             "target_k_token_forward_ms": costs, "verify_cost_vs_1": {k: round(v / costs[1], 2) for k, v in costs.items()},
             "drafter_step_ms": drafter, "c_time_pruned": round(drafter["pruned"] / costs[1], 3),
             "expected_speedup_vs_plain": _expected(costs, drafter["pruned"]), "kv_shared": target.shared,
+            "cuda_graph_ms": graphs, "min_tokens": target.min_tokens,
             "seconds": round(time.perf_counter() - t0, 1)})
         del model, target
