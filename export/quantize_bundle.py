@@ -46,7 +46,7 @@ def add_arguments(p) -> None:
                         "k_quant cannot take it: a drafter's numerics never change the output, and larger blocks "
                         "step faster; docs/quantization.md)")
     g.add_argument("--accuracy-level", type=int, choices=q.ACCURACY_LEVELS, default=None,
-                   help="MatMulNBits compute type: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 (default 4 for --quantize-ep cpu)")
+                   help="MatMulNBits compute type: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 (default 4 for --ep cpu)")
     g.add_argument("--quantize-embedding", action="store_true",
                    help="int4: also quantize the embedding table (GatherBlockQuantized); smaller files, same bytes "
                         "per forward, some quality loss")
