@@ -71,13 +71,18 @@ def parse_ep(value):
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+def _shown(value) -> str:
+    """A value as --option spells it (parse_value's inverse)."""
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 class _Deprecated(argparse.Action):
     """An earlier release's flag: warns once on stderr and adds its value to --option."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         key = DEPRECATED_FLAGS.get(option_string, "")
         pairs = [parse_option(values)] if not key else [(key, None if values == "all" else parse_value(values))]
-        replacement = " ".join(f"--option {k}={v}" for k, v in pairs)
+        replacement = " ".join(f"--option {k}={_shown(v)}" for k, v in pairs)
         print(f"edgespec: warning: {option_string} is deprecated and will be removed in the next release: use "
               f"{replacement}", file=sys.stderr)
         namespace.option = [*(namespace.option or []), *pairs]
