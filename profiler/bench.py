@@ -44,7 +44,7 @@ from edgespec.profiler.peers import make_peers
 from edgespec.profiler.settings import FAST_BASELINE, BenchSettings, gamma_label, is_auto
 from edgespec.runtime.arguments import parse_option
 from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.config import SESSION_OPTIONS, check_settings, split_options
+from edgespec.runtime.config import SESSION_OPTIONS, check_decoder_settings, split_options
 from edgespec.runtime.checks import MAX_DRAFT_LENGTH, check_draft_length, check_generation_args
 from edgespec.runtime.decoder import SpeculativeDecoder
 from edgespec.runtime.manifest import manifest_sha256
@@ -108,7 +108,7 @@ def check_draft_lengths(values) -> None:
 
 
 def check_row(label: str, strat, opts: dict) -> None:
-    """A row's options: SpeculativeDecoder's checks (config.check_settings), said for the row; the
+    """A row's options: SpeculativeDecoder's checks (config.check_decoder_settings), said for the row; the
     sessions' settings and max_draft_length are the whole bench's."""
     if strat.name == "ar" and label not in ("ar", FAST_BASELINE[0]):
         raise BenchError(f"strategy {label!r}: ar takes no options (ar-fast is ar with 1-token steps)")
@@ -118,8 +118,8 @@ def check_row(label: str, strat, opts: dict) -> None:
                              "the drafter is built up front)")
     row = {k: v for k, v in opts.items() if k != "draft_probability"}
     try:
-        check_settings(strat.name, draft_probability=None if strat.name == "ar" else opts.get("draft_probability"),
-                       options=row)
+        check_decoder_settings(strat.name, options=row,
+                               draft_probability=None if strat.name == "ar" else opts.get("draft_probability"))
     except GenerationError as exc:
         raise BenchError(f"strategy {label!r}: {exc}") from None
 

@@ -15,7 +15,7 @@ import inspect
 import sys
 
 from edgespec.runtime.bundle import VERIFY_MODES, Bundle
-from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS, check_settings
+from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS, check_decoder_settings
 from edgespec.runtime.decoder import SpeculativeDecoder
 from edgespec.runtime.strategies import STRATEGIES
 
@@ -138,5 +138,5 @@ def decoder_from_args(args: argparse.Namespace, bundle: Bundle | None = None, **
     """The decoder the arguments describe (on `bundle`, else on --bundle loaded with --verify); its
     settings are checked before the bundle loads."""
     settings = decoder_settings(args, **changes)
-    check_settings(**settings)
+    check_decoder_settings(**settings)
     return SpeculativeDecoder(bundle or Bundle.load(args.bundle, verify=args.verify), **settings)

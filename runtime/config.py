@@ -136,8 +136,8 @@ def with_deprecated(options, keywords: dict, where: str = "SpeculativeDecoder"):
     return {**keywords, **(options or {})}
 
 
-def check_settings(strategy="auto", draft_length="auto", threads=None, draft_probability=None, options=None,
-                   **_sessions) -> tuple[DecodeConfig, dict]:
+def check_decoder_settings(strategy="auto", draft_length="auto", threads=None, draft_probability=None,
+                           options=None, **_sessions) -> tuple[DecodeConfig, dict]:
     """SpeculativeDecoder's settings checked, nothing loaded: its DecodeConfig and its session settings
     (`options` split by split_options; the keywords that need sessions are checked when they are made)."""
     tuning, session, strategy_options = split_options(options)

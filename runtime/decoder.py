@@ -29,7 +29,7 @@ import numpy as np
 from edgespec.errors import BundleError, GenerationError
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.checks import check_generation_args
-from edgespec.runtime.config import SESSION_OPTIONS, DecodeConfig, check_settings, with_deprecated
+from edgespec.runtime.config import SESSION_OPTIONS, DecodeConfig, check_decoder_settings, with_deprecated
 from edgespec.runtime.chat import as_messages, compile_template, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.governor import Governor
@@ -61,7 +61,7 @@ class SpeculativeDecoder:
                  **deprecated):
         # every setting is checked here, first: loading and sessions take seconds. `options`: the tuning
         # knobs and strategy options (config.split_options); `deprecated`: their keyword form of earlier releases
-        config, session = check_settings(strategy, draft_length, threads, draft_probability,
+        config, session = check_decoder_settings(strategy, draft_length, threads, draft_probability,
                                          options=with_deprecated(options, deprecated))
         draft_ep, draft_threads, defer_drafter = (session[k] for k in SESSION_OPTIONS)
         if not isinstance(bundle, Bundle):

@@ -15,7 +15,7 @@ from edgespec.errors import GenerationError
 from edgespec.profiler.cli import bench_settings
 from edgespec.runtime import SpeculativeDecoder
 from edgespec.runtime.arguments import DEFAULTS, decoder_settings
-from edgespec.runtime.config import SESSION_OPTIONS, DecodeConfig, check_settings
+from edgespec.runtime.config import SESSION_OPTIONS, DecodeConfig, check_decoder_settings
 from edgespec.runtime.strategies import get_strategy
 
 MINIMAL = {"generate": ["--bundle", "B", "--prompt", "p"], "chat": ["--bundle", "B"], "serve": ["--bundle", "B"],
@@ -30,7 +30,7 @@ def _parse(command: str, *extra: str):
 def test_cli_defaults_are_the_decoders(command):
     settings = decoder_settings(_parse(command))
     assert settings == {**DEFAULTS, "options": {}}          # SpeculativeDecoder's own defaults, keyword by keyword
-    config, session = check_settings(**settings)
+    config, session = check_decoder_settings(**settings)
     assert config == DecodeConfig(get_strategy("auto"))     # and with them, DecodeConfig's
     assert session == SESSION_OPTIONS
 
@@ -45,7 +45,7 @@ def test_bench_defaults_are_the_decoders():
 def test_option_reaches_the_settings_and_bench_keeps_its_own():
     args = _parse("generate", "--option", "drafter_window=none", "--option", "plain_steps=fast", "--option",
                   "draft_ep=cpu,cuda", "--option", "draft_confidence=0.5", "--option", "rdk_beta=2")
-    config, session = check_settings(**decoder_settings(args))
+    config, session = check_decoder_settings(**decoder_settings(args))
     assert (config.drafter_window, config.plain_steps, config.draft_confidence) == (None, "fast", 0.5)
     assert dict(config.options) == {"rdk_beta": 2} and session["draft_ep"] == ["cpu", "cuda"]
     s = bench_settings(_parse("bench", "--option", "max_draft_length=4", "--option", "draft_threads=1",
