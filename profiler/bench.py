@@ -190,7 +190,7 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
     rows without (ar, ngram) share a target session of their own, spinning as a target-only decoder's does
     (beside a drafter the threads stop after each run, about 2% slower: a flattering baseline; sessions.py).
     Every strategy is checked against the bundle before any session is created."""
-    rows = {}                                 # label -> (strategy name, its options over --strategy-option)
+    rows = {}                                 # label -> (strategy name, its options over --option's)
     for label, _ in configs:
         name, opts = parse_strategy(label)
         rows[label] = (name, {} if name == "ar" else {**s.options, **opts})

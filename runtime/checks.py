@@ -10,7 +10,7 @@ from edgespec.errors import GenerationError
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.strategies import STRATEGIES
 
-# Drafter context window (context.DrafterWindow): acceptance against window size, README "Long prompts".
+# Drafter context window (context.DrafterWindow): acceptance against window size, benchmarks/window_sweep.py.
 DEFAULT_DRAFTER_WINDOW = 256
 PLAIN_STEPS = ("exact", "fast")
 
