@@ -36,6 +36,7 @@ from pathlib import Path
 
 from edgespec.models import default_pair, get_pair
 from edgespec.paths import cache_home, models_dir
+from edgespec.profiler.bench import check_draft_lengths
 from edgespec.profiler.errors import BenchError
 from edgespec.profiler.report import lossless_line
 from edgespec.runtime.manifest import MANIFEST
@@ -140,6 +141,7 @@ class Steps:
 
 
 def run_demo(args) -> int:
+    check_draft_lengths(args.draft_length)             # the bench step's check, before the exports
     pair = get_pair(args.pair) if args.pair else default_pair()
     out = Path(args.out or cache_home() / "demo" / pair.name).expanduser().absolute()
     try:
