@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     from edgespec.runtime.checks import DEFAULT_DRAFTER_WINDOW
 
     dec = SpeculativeDecoder(Bundle.load(args.bundle, verify="fast"), strategy="tli", threads=args.threads,
-                             draft_threads=args.draft_threads, defer_drafter=False, prefix_reuse=False)
+                             options=dict(draft_threads=args.draft_threads, defer_drafter=False, prefix_reuse=False))
     target, drafter = dec.target, dec.drafter
     prompts = {p.id: p for p in load_prompts(args.prompts, "all")}
     for pid in args.ids.split(","):

@@ -98,10 +98,13 @@ def start_llama(args) -> Proc:
 def overhead(args, url: str, texts: list[str]) -> dict:
     """Interleaved single-client runs: in-process generate vs the server's non-streamed request."""
     from edgespec.runtime import Bundle
+    from edgespec.runtime.arguments import add_decoder_arguments
     from edgespec.serve.server import make_decoder
-    gamma = args.draft_length if args.draft_length == "auto" else int(args.draft_length)
-    ns = argparse.Namespace(strategy=args.strategy, draft_length=gamma, ep="cpu", threads=args.threads,
-                            prefill_graph=False)
+    parser = argparse.ArgumentParser()
+    add_decoder_arguments(parser)            # the server's own decoder arguments
+    ns = parser.parse_args(["--bundle", str(args.bundle), "--strategy", args.strategy, "--draft-length",
+                            str(args.draft_length), "--prefill-graph", "off"]
+                           + (["--threads", str(args.threads)] if args.threads else []))
     dec = make_decoder(Bundle.load(args.bundle, verify="fast"), ns, defer_drafter=False)
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     ratios_total, ratios_decode, rows = [], [], []

@@ -11,13 +11,14 @@ import sys
 from edgespec import __version__
 from edgespec.errors import EdgespecError
 
-# (module, human name) for each subcommand group; a module missing from an install is skipped.
+# The module of each subcommand group, in the order `edgespec --help` lists them; one whose own
+# subpackage is missing from an install is skipped.
 _COMMAND_MODULES = [
     "edgespec.models.cli",      # models list|pull
     "edgespec.export.cli",      # export
     "edgespec.runtime.cli",     # generate
     "edgespec.calibrate.cli",   # calibrate
-    "edgespec.profiler.cli",     # bench, study, demo-report
+    "edgespec.profiler.cli",    # bench, study, demo
     "edgespec.serve.cli",       # serve, chat
 ]
 

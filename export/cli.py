@@ -19,8 +19,10 @@ from edgespec.models import get_pair
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export", help="export a target and a vocabulary-pruned drafter into an ONNX bundle",
-        description="Export both models to ONNX (fp32, KV cache, via optimum) and prune the drafter's LM head to "
-                    "K kept tokens. A model SRC is a recipe name, an HF directory, a GGUF file or a hub id.")
+        description="Export a target and a drafter to ONNX graphs with a KV cache (onnxruntime-genai's model "
+                    "builder where it takes the architecture, optimum otherwise; fp32 unless --quantize), prune "
+                    "the drafter's LM head to K kept tokens, and write them with the vocabulary maps as a bundle. "
+                    "A model SRC is a recipe name, an HF directory, a GGUF file or a hub id.")
     p.add_argument("--pair", metavar="NAME", help="pair recipe (see `edgespec models list`); gives --target, "
                                                    "--drafter and the default --keep")
     p.add_argument("--target", metavar="SRC", help="target model source")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from argparse import ArgumentTypeError
 import sys
 import time
 from pathlib import Path
@@ -41,13 +42,14 @@ from edgespec.profiler.errors import BenchError
 from edgespec.profiler.machine import peak_rss_mb, read_bandwidth, reset_peak_rss
 from edgespec.profiler.peers import make_peers
 from edgespec.profiler.settings import FAST_BASELINE, BenchSettings, gamma_label, is_auto
+from edgespec.runtime.arguments import parse_option
 from edgespec.runtime.bundle import Bundle
+from edgespec.runtime.config import SESSION_OPTIONS, check_decoder_settings, split_options
 from edgespec.runtime.checks import MAX_DRAFT_LENGTH, check_draft_length, check_generation_args
 from edgespec.runtime.decoder import SpeculativeDecoder
 from edgespec.runtime.manifest import manifest_sha256
-from edgespec.runtime.rounds import draft_tokens
 from edgespec.runtime.sessions import prefill_graph_applies
-from edgespec.runtime.strategies import STRATEGIES, get_strategy
+from edgespec.runtime.strategies import get_strategy
 
 RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms",
                 "draft_prefill_ms", "draft_prefill_tokens", "draft_refills", "reused_tokens", "draft_ms",
@@ -55,8 +57,6 @@ RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "tt
                 "accepted", "guesses", "guesses_accepted", "drafter_resyncs", "drafter_fallback_steps", "fallback_ms", "stop_reason", "providers",
                 "fallbacks")
 STEP_LISTS = ("accepted_per_step", "drafted_per_step", "gamma_per_step")     # kept for drafting rows only
-DECODER_OPTIONS = ("draft_probability", "concurrent_draft", "draft_confidence", "plain_steps",
-                   "drafter_window", "plain_guess")   # decoder keywords, not strategy's
 WARMUP_TOKENS = 8
 
 
@@ -75,7 +75,7 @@ def check_settings(s: BenchSettings) -> None:
         check_draft_lengths(s.draft_lengths)
     m = s.max_draft_length
     if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_DRAFT_LENGTH:
-        raise BenchError(f"--max-draft-length must be an integer in [1, {MAX_DRAFT_LENGTH}], got {m!r}")
+        raise BenchError(f"max_draft_length must be an integer in [1, {MAX_DRAFT_LENGTH}], got {m!r}")
     for name, value, low in (("--repeats", s.repeats, 1), ("--max-new-tokens", s.max_new_tokens, 1)):
         if isinstance(value, bool) or int(value) != value or value < low:
             raise BenchError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -108,25 +108,20 @@ def check_draft_lengths(values) -> None:
 
 
 def check_row(label: str, strat, opts: dict) -> None:
-    """A row's options: names some strategy (or the decoder) reads, and the decoder keywords' values."""
+    """A row's options: SpeculativeDecoder's checks (config.check_decoder_settings), said for the row; the
+    sessions' settings and max_draft_length are the whole bench's."""
     if strat.name == "ar" and label not in ("ar", FAST_BASELINE[0]):
         raise BenchError(f"strategy {label!r}: ar takes no options (ar-fast is ar with 1-token steps)")
-    known = {n for st in STRATEGIES.values() for n in st.options} | set(DECODER_OPTIONS)
-    for key, value in opts.items():
-        if key == "max_draft_length":
-            raise BenchError("max_draft_length is not a strategy option: use --max-draft-length")
-        if key not in known:
-            raise BenchError(f"strategy {label!r}: unknown option {key!r}; known: {', '.join(sorted(known))}")
-        if key == "concurrent_draft" and not isinstance(value, bool):
-            raise BenchError(f"strategy {label!r}: concurrent_draft must be true or false, got {value!r}")
-        if key == "draft_confidence" and (isinstance(value, (bool, str)) or not 0.0 < value < 1.0):
-            raise BenchError(f"strategy {label!r}: draft_confidence must be in (0, 1), got {value!r}")
-        if key == "draft_probability" and strat.name != "ar":
-            if value != "auto" and (isinstance(value, (bool, str)) or not 0.0 < value <= 1.0):
-                raise BenchError(f"strategy {label!r}: draft_probability must be in (0, 1] or auto, got {value!r}")
-            if strat.name != "auto" and (not strat.uses_drafter or strat.propose is not draft_tokens):
-                raise BenchError(f"strategy {label!r}: draft_probability needs a token-level drafting strategy "
-                                 "(tli, sd, rdk-taylor, rdk)")
+    for key in opts:
+        if key in SESSION_OPTIONS or key == "max_draft_length":
+            raise BenchError(f"strategy {label!r}: {key} is not a row's option (bench: --option {key}=VALUE; "
+                             "the drafter is built up front)")
+    row = {k: v for k, v in opts.items() if k != "draft_probability"}
+    try:
+        check_decoder_settings(strat.name, options=row,
+                               draft_probability=None if strat.name == "ar" else opts.get("draft_probability"))
+    except GenerationError as exc:
+        raise BenchError(f"strategy {label!r}: {exc}") from None
 
 
 def check_report_dir(path: Path) -> Path:
@@ -174,29 +169,15 @@ def select_prompts(s: BenchSettings) -> tuple[list, str]:
 
 def parse_strategy(label: str) -> tuple[str, dict]:
     """`NAME[:KEY=VALUE...]` -> (NAME, options), e.g. `rdk-taylor:rdk_beta=1000` or
-    `tli:draft_probability=auto`: the same strategy with other options is its own row in one run.
-    `ar-fast` is ar with plain_steps=fast (1-token steps, unpadded)."""
+    `tli:draft_probability=auto`: the same strategy with other options is its own row in one run; values
+    as --option reads them (runtime/arguments.py). `ar-fast` is ar with plain_steps=fast (1-token steps)."""
     if label == FAST_BASELINE[0]:
         return "ar", {"plain_steps": "fast"}
     name, *items = label.split(":")
-    return name, parse_options(items, f"strategy {label!r}")
-
-
-def parse_options(items: list[str] | None, where: str = "--strategy-option") -> dict:
-    """KEY=VALUE strings -> {key: bool | int | float | str} (true/false are booleans)."""
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BenchError(f"{where}: expected KEY=VALUE, got {item!r}")
-        if value.lower() in ("true", "false"):
-            out[key] = value.lower() == "true"
-            continue
-        try:
-            out[key] = float(value) if any(c in value for c in ".eE") else int(value)
-        except ValueError:
-            out[key] = value
-    return out
+    try:
+        return name, dict(parse_option(item) for item in items)
+    except ArgumentTypeError as exc:
+        raise BenchError(f"strategy {label!r}: {exc}") from None
 
 
 def _decoder_length(gamma):
@@ -209,7 +190,7 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
     rows without (ar, ngram) share a target session of their own, spinning as a target-only decoder's does
     (beside a drafter the threads stop after each run, about 2% slower: a flattering baseline; sessions.py).
     Every strategy is checked against the bundle before any session is created."""
-    rows = {}                                 # label -> (strategy name, its options over --strategy-option)
+    rows = {}                                 # label -> (strategy name, its options over --option's)
     for label, _ in configs:
         name, opts = parse_strategy(label)
         rows[label] = (name, {} if name == "ar" else {**s.options, **opts})
@@ -217,7 +198,7 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
         strat = get_strategy(name)
         check_row(label, strat, opts)
         if strat.check:
-            strat.check(bundle, {k: v for k, v in opts.items() if k not in DECODER_OPTIONS})
+            strat.check(bundle, split_options({k: v for k, v in opts.items() if k != "draft_probability"})[2])
         if opts.get("draft_probability") == "auto" and bundle.a_star is None:
             raise GenerationError("draft_probability='auto' needs a calibrated a* in the bundle (vocab/randomised.json)")
     drafting = [key for key in configs if get_strategy(rows[key[0]][0]).uses_drafter]
@@ -225,10 +206,13 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
     for family in [f for f in (drafting, [k for k in configs if k not in drafting]) if f]:
         first = family[0]
         name, opts = rows[first[0]]
+        options = {k: v for k, v in opts.items() if k != "draft_probability"}
         base = SpeculativeDecoder(bundle, strategy=name, draft_length=_decoder_length(first[1]), ep=s.ep,
-                                  draft_ep=s.draft_ep, threads=s.threads, draft_threads=s.draft_threads,
-                                  max_draft_length=s.max_draft_length, prefix_reuse=False, defer_drafter=False,
-                                  prefill_graph=s.prefill_graph, **opts)
+                                  threads=s.threads, draft_probability=opts.get("draft_probability"),
+                                  prefill_graph=s.prefill_graph,
+                                  options=dict(draft_ep=s.draft_ep, draft_threads=s.draft_threads,
+                                               max_draft_length=s.max_draft_length, prefix_reuse=False,
+                                               defer_drafter=False, **options))
         for key in family:                    # a row without draft_confidence has none
             out[key] = base if key == first else \
                 base.variant(rows[key[0]][0], _decoder_length(key[1]), **{"draft_confidence": None, **rows[key[0]][1]})

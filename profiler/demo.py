@@ -6,11 +6,11 @@
 3. calibrate on completions the int4 ONNX target generates (`edgespec calibrate --target-bundle`: 118 s
    for 1,024 tokens on the idle 2-core EPYC, where torch fp32 took 860 s; 3:21 against 9:00 on a shared
    Xeon) for the calib split of the prompt set, keeping the pair's K tokens (the same kept set as torch
-   fp32's up to sampling noise, and the same acceptance: README, "make demo");
+   fp32's up to sampling noise, and the same acceptance: docs/results.md);
 4. export the pair in int4 with that vocabulary (the target graph comes from the cache; the drafter is
    built and pruned). The int4 target's quality check against the fp32 graph is off by default
    (`--quality-tokens 0`: building the 1.5B's fp32 reference, 6 GB, and running it take about 1.5 of
-   the demo's minutes; `edgespec export` runs it by default, and the README quotes its result);
+   the demo's minutes; `edgespec export` runs it by default, and docs/results.md quotes its result);
 5. bench on prompts of the test split (disjoint from step 3's): `ar`, `ar-fast` (the fastest plain
    decoding, the speed baseline), `auto` (strategy and draft length chosen by the runtime) and, when
    onnxruntime-genai is importable, its own generator on the same graph (`--peers`), greedy;
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from edgespec.models import default_pair, get_pair
 from edgespec.paths import cache_home, models_dir
+from edgespec.profiler.bench import check_draft_lengths
 from edgespec.profiler.errors import BenchError
 from edgespec.profiler.report import lossless_line
 from edgespec.runtime.manifest import MANIFEST
@@ -140,6 +141,7 @@ class Steps:
 
 
 def run_demo(args) -> int:
+    check_draft_lengths(args.draft_length)             # the bench step's check, before the exports
     pair = get_pair(args.pair) if args.pair else default_pair()
     out = Path(args.out or cache_home() / "demo" / pair.name).expanduser().absolute()
     try:

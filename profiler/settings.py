@@ -4,7 +4,7 @@ which the report records and the journal fingerprints.
 Defaults that depend on other settings are resolved when the settings are made (`__post_init__`):
 - `split` None: "test" for the built-in humaneval set (never the prompts `edgespec calibrate` uses by
   default), "all" for a prompt file the user names (their file, all of it);
-- `max_draft_length` None: 8, or the largest numeric draft length when that is larger (draft_length
+- `max_draft_length` None: DEFAULT_MAX_DRAFT_LENGTH (8), or the largest numeric draft length when that is larger (draft_length
   "auto" lets the governor choose gamma in 0..max_draft_length per round; the fixed lengths beside it
   never cap it).
 """
@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edgespec.calibrate.prompts import HUMANEVAL
+from edgespec.runtime.checks import DEFAULT_MAX_DRAFT_LENGTH
 
 AUTO = "auto"                     # the draft-length entry that runs a strategy with draft_length="auto"
-DEFAULT_MAX_DRAFT_LENGTH = 8
 FAST_BASELINE = ("ar-fast", 0)    # ar with 1-token steps: the speed baseline where the graph pads them
 
 

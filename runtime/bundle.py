@@ -128,22 +128,6 @@ class Bundle:
         return None if self.randomised is None else self.randomised.get("a_star")
 
     @property
-    def target_info(self) -> dict:
-        return self.manifest["target"]
-
-    @property
-    def drafter_info(self) -> dict | None:
-        return self.manifest["drafter"]
-
-    @property
-    def target_tokenizer(self):
-        return self.target.tokenizer
-
-    @property
-    def drafter_tokenizer(self):
-        return None if self.drafter is None else self.drafter.tokenizer
-
-    @property
     def chat_template(self) -> str | None:
         return self.target.chat_template
 

@@ -10,7 +10,7 @@ from edgespec.errors import GenerationError
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.strategies import STRATEGIES
 
-# Drafter context window (context.DrafterWindow): acceptance against window size, README "Long prompts".
+# Drafter context window (context.DrafterWindow): acceptance against window size, benchmarks/window_sweep.py.
 DEFAULT_DRAFTER_WINDOW = 256
 PLAIN_STEPS = ("exact", "fast")
 
@@ -34,6 +34,7 @@ def check_drafter_window(value) -> None:
 
 
 MAX_DRAFT_LENGTH = 64       # more drafts per verify only waste forwards (acceptance decays geometrically)
+DEFAULT_MAX_DRAFT_LENGTH = 8    # gamma_max of draft_length="auto" (DecodeConfig.max_draft_length, bench's rows)
 
 
 def check_draft_length(k) -> None:
@@ -43,14 +44,15 @@ def check_draft_length(k) -> None:
         raise GenerationError(f"draft_length must be an integer in [1, {MAX_DRAFT_LENGTH}] or 'auto', got {k!r}")
 
 
-def check_strategy_options(options: dict) -> dict:
-    """Strategy options must be ones some strategy reads (a misspelt name is an error, not a no-op)."""
+def check_strategy_options(options: dict, also: tuple = ()) -> dict:
+    """Strategy options must be ones some strategy reads (a misspelt name is an error, not a no-op);
+    `also`: other option names the caller takes (named in the hint)."""
     known = {name for s in STRATEGIES.values() for name in s.options}
     for key in options:
         if key not in known:
-            near = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(sorted(known)) or 'none'}"
-            raise GenerationError(f"unknown strategy option {key!r}{hint}")
+            near = difflib.get_close_matches(key, sorted(known | set(also)), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(sorted(known | set(also)))}"
+            raise GenerationError(f"unknown option {key!r}{hint}")
     return dict(options)
 
 

@@ -1,31 +1,30 @@
 """`DecodeConfig`: a decoder's settings (everything that is not a session), checked once, when it is made.
 
 The decoder makes one from its arguments before loading anything (a bad argument costs no session),
-then `resolved` fills in what needs the bundle (draft_probability "auto" -> the bundle's a*, a drafter
+its `options=` mapping split by `split_options` (tuning fields here, session settings, strategy
+options), then `resolved` fills in what needs the bundle (draft_probability "auto" -> the bundle's a*, a drafter
 window clamped to the drafter's context). `SpeculativeDecoder.variant()` is `dataclasses.replace` of
 it over the same sessions: the replaced config is checked by the same `__post_init__`.
 """
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.checks import (DEFAULT_DRAFTER_WINDOW, check_draft_length, check_drafter_window,
-                                     check_plain_steps, check_strategy_options)
+from edgespec.runtime.checks import (DEFAULT_DRAFTER_WINDOW, DEFAULT_MAX_DRAFT_LENGTH, check_draft_length,
+                                     check_drafter_window, check_plain_steps, check_strategy_options)
 from edgespec.runtime.rounds import draft_tokens
+from edgespec.runtime.sessions import check_threads
 from edgespec.runtime.strategies import Strategy, get_strategy
 
 
 # --prefill-graph's words for SpeculativeDecoder(prefill_graph=...)
 PREFILL_GRAPH_SETTINGS = {"auto": "auto", "on": True, "off": False}
-PREFILL_GRAPH_HELP = ("prefill long prompts on the target's fp32-compute prefill graph, a second session (about "
-                      "17-20%% less time to the first token; docs/runtime.md): auto (prompts of 512+ tokens where "
-                      "the bundle has one, default), on (96+ tokens), off")
 
 
 def check_flag(name: str, value) -> None:
@@ -37,7 +36,7 @@ def check_flag(name: str, value) -> None:
 class DecodeConfig:
     strategy: Strategy
     draft_length: int | str = "auto"              # the setting: an int, or "auto" (runtime/governor.py)
-    max_draft_length: int = 8                     # gamma_max of draft_length="auto"
+    max_draft_length: int = DEFAULT_MAX_DRAFT_LENGTH     # gamma_max of draft_length="auto"
     draft_probability: float | str | None = None  # randomised drafting (randomised.py); "auto": the bundle's a*
     draft_confidence: float | None = None         # stop drafting when the drafter's top probability falls below
     concurrent_draft: bool = True                 # the no-draft position's forward beside the verify forward
@@ -103,3 +102,47 @@ class DecodeConfig:
             else:
                 changes["drafter_window"] = int(window)
         return replace(self, **changes) if changes else self
+
+
+# SpeculativeDecoder(options=...): DecodeConfig's tuning fields, these session settings (their defaults),
+# and the strategy options (Strategy.options); docs/runtime.md, "Options".
+SESSION_OPTIONS = {"draft_ep": None, "draft_threads": None, "defer_drafter": True}
+TUNING_OPTIONS = tuple(f.name for f in fields(DecodeConfig)
+                       if f.name not in ("strategy", "draft_length", "draft_probability", "options"))
+
+
+def split_options(options: Mapping | None) -> tuple[dict, dict, dict]:
+    """`options=` -> (DecodeConfig tuning fields, session settings over SESSION_OPTIONS' defaults,
+    strategy options); an unknown name is an error naming the nearest known one."""
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise GenerationError(f"options must be a mapping of option names to values, got {type(options).__name__}")
+    tuning = {k: v for k, v in options.items() if k in TUNING_OPTIONS}
+    session = {k: options.get(k, default) for k, default in SESSION_OPTIONS.items()}
+    rest = {k: v for k, v in options.items() if k not in TUNING_OPTIONS and k not in SESSION_OPTIONS}
+    return tuning, session, check_strategy_options(rest, also=TUNING_OPTIONS + tuple(SESSION_OPTIONS))
+
+
+def with_deprecated(options, keywords: dict, where: str = "SpeculativeDecoder"):
+    """Keyword settings of earlier releases (now `options=` entries) merged under `options`, with one
+    DeprecationWarning; they keep working for one release."""
+    if not keywords or not isinstance(options, (Mapping, type(None))):
+        return options                      # nothing deprecated, or options split_options refuses
+    names = ", ".join(sorted(keywords))
+    warnings.warn(f"{where}({names}=...) is deprecated and will be removed in the next release: pass "
+                  f"options={{{', '.join(repr(k) + ': ...' for k in sorted(keywords))}}}", DeprecationWarning,
+                  stacklevel=3)
+    return {**keywords, **(options or {})}
+
+
+def check_decoder_settings(strategy="auto", draft_length="auto", threads=None, draft_probability=None,
+                           options=None, **_sessions) -> tuple[DecodeConfig, dict]:
+    """SpeculativeDecoder's settings checked, nothing loaded: its DecodeConfig and its session settings
+    (`options` split by split_options; the keywords that need sessions are checked when they are made)."""
+    tuning, session, strategy_options = split_options(options)
+    config = DecodeConfig(get_strategy(strategy), draft_length, draft_probability=draft_probability,
+                          options=strategy_options, **tuning)
+    check_threads(threads)
+    check_threads(session["draft_threads"], "draft_threads")
+    return config, session

@@ -28,8 +28,8 @@ import numpy as np
 
 from edgespec.errors import BundleError, GenerationError
 from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.checks import DEFAULT_DRAFTER_WINDOW, check_generation_args
-from edgespec.runtime.config import DecodeConfig
+from edgespec.runtime.checks import check_generation_args
+from edgespec.runtime.config import SESSION_OPTIONS, DecodeConfig, check_decoder_settings, with_deprecated
 from edgespec.runtime.chat import as_messages, compile_template, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.governor import Governor
@@ -38,8 +38,7 @@ from edgespec.runtime.prefix import PrefixCache
 from edgespec.runtime.randomised import SideRunner, draft_randomised
 from edgespec.runtime.rounds import Generation
 from edgespec.runtime.sampling import make_rng
-from edgespec.runtime.sessions import (CPU, check_threads, create_session, create_sessions, is_cpu_only,
-                                       prefill_graph_request)
+from edgespec.runtime.sessions import CPU, create_session, create_sessions, is_cpu_only, prefill_graph_request
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.strategies import choose_auto, get_strategy
 from edgespec.runtime.text import TextState
@@ -57,18 +56,14 @@ class SpeculativeDecoder:
     """Speculative decoding over an edgespec bundle. See docs/architecture.md for the API."""
 
     def __init__(self, bundle: Bundle | str | Path, strategy: str = "auto", draft_length: int | str = "auto",
-                 ep="cpu", draft_ep=None, threads: int | None = None, allow_fallback: bool = False,
-                 draft_probability: float | str | None = None, draft_threads: int | None = None,
-                 concurrent_draft: bool = True, max_draft_length: int = 8, draft_confidence: float | None = None,
-                 drafter_window: int | None = DEFAULT_DRAFTER_WINDOW, plain_steps: str = "exact",
-                 prefix_reuse: bool = True, defer_drafter: bool = True, prefill_graph: bool | str = "auto",
-                 plain_guess: bool = True, **strategy_options):
-        # every setting is checked here, first: loading and sessions take seconds
-        config = DecodeConfig(get_strategy(strategy), draft_length, max_draft_length, draft_probability,
-                              draft_confidence, concurrent_draft, drafter_window, plain_steps, prefix_reuse,
-                              plain_guess, strategy_options)
-        check_threads(threads)
-        check_threads(draft_threads, "draft_threads")
+                 ep="cpu", *, threads: int | None = None, draft_probability: float | str | None = None,
+                 prefill_graph: bool | str = "auto", allow_fallback: bool = False, options: dict | None = None,
+                 **deprecated):
+        # every setting is checked here, first: loading and sessions take seconds. `options`: the tuning
+        # knobs and strategy options (config.split_options); `deprecated`: their keyword form of earlier releases
+        config, session = check_decoder_settings(strategy, draft_length, threads, draft_probability,
+                                         options=with_deprecated(options, deprecated))
+        draft_ep, draft_threads, defer_drafter = (session[k] for k in SESSION_OPTIONS)
         if not isinstance(bundle, Bundle):
             bundle = Bundle.load(bundle)
         self.bundle = bundle

@@ -47,7 +47,7 @@ Times (ms, wall clock, time.perf_counter)
   prefill_ms, draft_ms or TTFT.
 - `draft_ms`: drafter ORT runs other than fills (drafting steps and catch-ups).
 - `drafter_load_ms`: building the drafter's ORT session, in the generation that drafted first on a
-  decoder that deferred it (SpeculativeDecoder(defer_drafter=True), the CPU EP's default): after TTFT,
+  decoder that deferred it (SpeculativeDecoder(options={"defer_drafter": True}), the CPU EP's default): after TTFT,
   inside the decode phase (so in decode_tokens_per_s), once per decoder.
 - `verify_ms`: target ORT runs after its prefill.
 - `prefill_graph_load_ms`: building the target's prefill graph session and checking it, in the generation

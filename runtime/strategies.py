@@ -122,7 +122,7 @@ for _s in (
 
 
 def choose_auto(bundle, greedy: bool, randomised: bool = False) -> str:
-    """strategy="auto" (README, "Which strategy"): on a heterogeneous pair SLEM, greedy or sampled
+    """strategy="auto" (docs/samplers.md; measured: docs/results.md): on a heterogeneous pair SLEM, greedy or sampled
     (string-level matching drafts the tokens TLI's intersection cannot: 1.31-1.45x against TLI's
     0.96-1.15x on qwen-smollm and qwen-gemma); on a shared tokenizer TLI (= sd), whose rejection
     sampling accepts with probability sum min(p, q) where SLEM's exact match accepts d only with

@@ -2,32 +2,9 @@
 (an interactive chat in the terminal; runtime only)."""
 from __future__ import annotations
 
-import argparse
-
-from edgespec.runtime.config import PREFILL_GRAPH_HELP, PREFILL_GRAPH_SETTINGS
+from edgespec.runtime.arguments import add_decoder_arguments
 from edgespec.serve.chat import run_chat
 from edgespec.serve.server import serve
-
-
-def _draft_length(value: str):
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {value!r}") from None
-
-
-def _decoder_args(p) -> None:
-    p.add_argument("--bundle", required=True, metavar="DIR", help="bundle directory (from `edgespec export`)")
-    p.add_argument("--strategy", default="auto", help="decoding strategy (default auto; see `edgespec generate -h`)")
-    p.add_argument("--draft-length", type=_draft_length, default="auto", metavar="K|auto",
-                   help="draft tokens per verify (default auto: chosen per round)")
-    p.add_argument("--ep", default="cpu", help="execution provider, as in `edgespec generate` (default cpu)")
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads per session (default: measured policy)")
-    p.add_argument("--verify", default="fast", choices=["full", "fast", "none"], help="bundle file checks (default fast)")
-    p.add_argument("--prefill-graph", choices=list(PREFILL_GRAPH_SETTINGS), default="auto",
-                   help=PREFILL_GRAPH_HELP)
 
 
 def register(subparsers) -> None:
@@ -36,7 +13,7 @@ def register(subparsers) -> None:
         description="An OpenAI-compatible local server: GET /v1/models, POST /v1/chat/completions and "
                     "/v1/completions (plain and streamed), GET /health. One decoder serves the requests one at "
                     "a time, first come first served.")
-    _decoder_args(p)
+    add_decoder_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None, metavar="KEY",
@@ -55,7 +32,7 @@ def register(subparsers) -> None:
     c = subparsers.add_parser(
         "chat", help="chat with a bundle in the terminal (streaming; /reset, /stats, Ctrl-C stops a reply)",
         description="An interactive chat using the bundle's chat template. Commands: /reset, /stats, /help, /exit.")
-    _decoder_args(c)
+    add_decoder_arguments(c)
     c.add_argument("--system", default=None, metavar="TEXT", help="a system message to start each conversation")
     c.add_argument("--max-new-tokens", type=int, default=512, metavar="N", help="per reply (default 512)")
     c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

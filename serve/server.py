@@ -11,8 +11,8 @@ import signal
 import sys
 
 from edgespec.errors import EdgespecError
+from edgespec.runtime.arguments import decoder_from_args, decoder_options
 from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
 from edgespec.runtime.decoder import SpeculativeDecoder
 from edgespec.runtime.strategies import get_strategy
 from edgespec.serve.worker import Worker
@@ -22,22 +22,16 @@ class ServeError(EdgespecError):
     """Bad server settings (port, queue size, key...)."""
 
 
-def parse_ep(value: str | None):
-    if value is None or "," not in value:
-        return value
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
 def make_decoder(bundle, args, defer_drafter: bool = True) -> SpeculativeDecoder:
-    """The decoder `serve` and `chat` share: --strategy, --draft-length (auto means 1 for a strategy that
-    does not speculate, e.g. ar), --ep, --threads. The server builds the drafter's session at start
+    """The decoder `serve` and `chat` share (runtime/arguments.py; auto draft length means 1 for a strategy
+    that does not speculate, e.g. ar). The server builds the drafter's session at start
     (defer_drafter=False) so that no request waits for it; the chat defers it past the first reply's
-    first token."""
+    first token; `--option defer_drafter=...` overrides either."""
     gamma = args.draft_length
     if gamma == "auto" and not get_strategy(args.strategy).speculative:
         gamma = 1
-    return SpeculativeDecoder(bundle, strategy=args.strategy, draft_length=gamma, ep=parse_ep(args.ep),
-                              threads=args.threads, defer_drafter=defer_drafter, prefill_graph=PREFILL_GRAPH_SETTINGS[args.prefill_graph])
+    return decoder_from_args(args, bundle, draft_length=gamma,
+                             options={"defer_drafter": defer_drafter, **decoder_options(args)})
 
 
 def check_args(args) -> None:

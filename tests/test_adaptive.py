@@ -28,7 +28,8 @@ def test_greedy_output_equals_ar(request, which):
     ar = base.variant("ar")
     for cfg in CONFIGS:
         dec = base.variant(**cfg) if "draft_confidence" not in cfg else \
-            SpeculativeDecoder(b, threads=1, draft_length=4, **cfg)
+            SpeculativeDecoder(b, strategy=cfg["strategy"], draft_length=4, threads=1,
+                               options={"draft_confidence": cfg["draft_confidence"]})
         for p in PROMPTS:
             assert dec.generate(p, max_new_tokens=24).token_ids == ar.generate(p, max_new_tokens=24).token_ids, (cfg, p)
 
@@ -62,9 +63,9 @@ LOOKUP_PROMPT = list(range(20, 500))
 
 
 @pytest.mark.parametrize("cfg, prompt", [
-    (dict(strategy="ngram", ngram_max_n=1, draft_length=4), LOOKUP_PROMPT),
-    (dict(strategy="ngram-tli", ngram_max_n=1, draft_length=4), LOOKUP_PROMPT),    # lookup mode, then the drafter
-    (dict(strategy="tli", draft_length="auto", draft_confidence=0.3), None),
+    (dict(strategy="ngram", draft_length=4, options={"ngram_max_n": 1}), LOOKUP_PROMPT),
+    (dict(strategy="ngram-tli", draft_length=4, options={"ngram_max_n": 1}), LOOKUP_PROMPT),  # lookup, then the drafter
+    (dict(strategy="tli", draft_length="auto", options={"draft_confidence": 0.3}), None),
 ])
 def test_samples_the_target_distribution(tiny_self_bundle, cfg, prompt):
     b = Bundle.load(tiny_self_bundle)
@@ -88,20 +89,20 @@ def test_broken_verifier_fails_with_prompt_lookup(tiny_self_bundle, monkeypatch,
     b = Bundle.load(tiny_self_bundle)
     # a fixed draft length: with "auto" the governor may time drafting out, and a control that never
     # drafts cannot fail
-    dec = SpeculativeDecoder(b, strategy=strategy, ngram_max_n=1, draft_length=4, threads=1)
+    dec = SpeculativeDecoder(b, strategy=strategy, draft_length=4, threads=1, options={"ngram_max_n": 1})
     samples = sample_tokens(dec, LOOKUP_PROMPT, 2000, 0, SamplingParams(temperature=1.0))
     pvals = check_lossless(dec, b, LOOKUP_PROMPT, samples=samples)
     assert min(pvals["x2"], pvals["x3|x1x2"]) < ALPHA, pvals
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(strategy="tli", drafter_window=1), "drafter_window"),
-    (dict(strategy="tli", plain_steps="quick"), "plain_steps"),
-    (dict(strategy="tli", prefix_reuse="yes"), "prefix_reuse"),
-    (dict(strategy="ngram", ngram_max_n=0), "ngram_max_n"),
+    (dict(strategy="tli", options={"drafter_window": 1}), "drafter_window"),
+    (dict(strategy="tli", options={"plain_steps": "quick"}), "plain_steps"),
+    (dict(strategy="tli", options={"prefix_reuse": "yes"}), "prefix_reuse"),
+    (dict(strategy="ngram", options={"ngram_max_n": 0}), "ngram_max_n"),
     (dict(strategy="ngram", draft_probability=0.5), "token-level"),
     (dict(strategy="slem", draft_probability=0.5), "token-level"),
-    (dict(strategy="tli", draft_confidence=1.5), "draft_confidence"),
+    (dict(strategy="tli", options={"draft_confidence": 1.5}), "draft_confidence"),
     (dict(strategy="tli", draft_length="often"), "draft_length"),
 ])
 def test_bad_settings(tiny_self_bundle, kwargs, match):
@@ -124,7 +125,8 @@ def test_auto_picks_slem_for_a_hetero_pair_and_ngram_tli_for_a_shared_tokenizer(
 
 
 def test_auto_stats(tiny_self_bundle):
-    dec = SpeculativeDecoder(tiny_self_bundle, strategy="tli", draft_length="auto", max_draft_length=5, threads=1)
+    dec = SpeculativeDecoder(tiny_self_bundle, strategy="tli", draft_length="auto", threads=1,
+                             options={"max_draft_length": 5})
     st = dec.generate(PROMPTS[0], max_new_tokens=32).stats
     d = st.to_dict()
     assert d["draft_length_setting"] == "auto" and 0 <= d["draft_length"] <= 5

@@ -253,7 +253,7 @@ def test_mismatched_bundle(tiny_same_bundle, copy_bundle):
     im = np.load(path / "vocab" / "index_map.npy")
     _rewrite(path, "vocab/index_map.npy", np.roll(im, 1))
     with pytest.raises(BundleError, match="mismatched"):
-        SpeculativeDecoder(path, strategy="tli", threads=1, defer_drafter=False)
+        SpeculativeDecoder(path, strategy="tli", threads=1, options={"defer_drafter": False})
     dec = SpeculativeDecoder(path, strategy="tli", threads=1)       # deferred: found at the first draft
     with pytest.raises(BundleError, match="mismatched") as exc:
         dec.generate("hello", max_new_tokens=8)

@@ -28,7 +28,7 @@ def test_first_token_needs_no_drafter_session(tiny_same_bundle):
 @pytest.mark.parametrize("strategy", ["tli", "auto", "ngram-tli"])
 def test_deferred_and_eager_drafters_give_ar_tokens(tiny_same_bundle, strategy):
     ar = SpeculativeDecoder(tiny_same_bundle, strategy="ar", threads=1).generate(PROMPT, max_new_tokens=32).token_ids
-    eager = SpeculativeDecoder(tiny_same_bundle, strategy=strategy, threads=1, defer_drafter=False)
+    eager = SpeculativeDecoder(tiny_same_bundle, strategy=strategy, threads=1, options={"defer_drafter": False})
     assert isinstance(eager.drafter, ModelRunner) and not eager.drafter.pending
     assert eager.drafter_session_info is not None
     deferred = SpeculativeDecoder(tiny_same_bundle, strategy=strategy, threads=1)

@@ -76,8 +76,8 @@ def test_allow_fallback_warns_and_records(tiny_self_bundle):
 def test_draft_ep_can_differ(tiny_self_bundle):
     _session_or_skip(tiny_self_bundle / "target" / "model.onnx", "cuda")
     with pytest.warns(RuntimeWarning):
-        dec = SpeculativeDecoder(tiny_self_bundle, strategy="tli", ep="cpu", draft_ep="cuda", threads=1,
-                                 allow_fallback=True)
+        dec = SpeculativeDecoder(tiny_self_bundle, strategy="tli", ep="cpu", threads=1,
+                                 allow_fallback=True, options={"draft_ep": "cuda"})
     assert dec.target_session_info.fallback is None
     assert dec.drafter_session_info.requested[0] == "CUDAExecutionProvider"
     st = dec.generate("hello", max_new_tokens=2).stats
@@ -112,8 +112,8 @@ def test_bad_threads_are_one_line_errors(tiny_self_bundle, bad):
         create_session(tiny_self_bundle / "drafter" / "model.onnx", "cpu", threads=bad, role="drafter")
 
 
-@pytest.mark.parametrize("kw", [{"threads": 2.7}, {"threads": 0}, {"threads": "2"}, {"draft_threads": -1},
-                                {"draft_threads": 1.5}])
+@pytest.mark.parametrize("kw", [{"threads": 2.7}, {"threads": 0}, {"threads": "2"},
+                                {"options": {"draft_threads": -1}}, {"options": {"draft_threads": 1.5}}])
 def test_bad_threads_in_the_decoder(tiny_self_bundle, kw):
     with pytest.raises(EPError, match="threads must be a whole number") as exc:
         SpeculativeDecoder(tiny_self_bundle, strategy="tli", **{"threads": 1, **kw})

@@ -57,15 +57,15 @@ def test_a_stream_superseded_by_another_thread_says_so(dec):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(draft_length=1_000_000), "draft_length must be an integer in"),
     (dict(draft_length=2.5), "draft_length"),
-    (dict(rdk_betta=1000), "did you mean 'rdk_beta'"),
-    (dict(concurrent_draft="no"), "concurrent_draft"),
+    (dict(options={"rdk_betta": 1000}), "did you mean 'rdk_beta'"),
+    (dict(options={"concurrent_draft": "no"}), "concurrent_draft"),
 ])
 def test_bad_decoder_arguments(tiny_self_bundle, kwargs, match):
     with pytest.raises(GenerationError, match=match):
         SpeculativeDecoder(tiny_self_bundle, strategy="tli", threads=1, **{"draft_length": 3, **kwargs})
 
 
-@pytest.mark.parametrize("kwargs", [dict(threads=0), dict(draft_threads=2.0), dict(threads=True)])
+@pytest.mark.parametrize("kwargs", [dict(threads=0), dict(options={"draft_threads": 2.0}), dict(threads=True)])
 def test_bad_thread_counts_refused_before_the_bundle_loads(tmp_path, kwargs):
     # the path does not exist: a thread check that ran after Bundle.load would raise BundleError instead
     with pytest.raises(EPError, match="threads must be a whole number"):
@@ -119,7 +119,7 @@ def test_bad_chat_input(dec, messages, template, match):
     (["--draft-length", "1000000"], "draft_length must be an integer in"),
     (["--top-p", "0"], "top_p"),
     (["--max-new-tokens", "0"], "max_new_tokens"),
-    (["--draft-probability", "2"], "draft-probability"),
+    (["--draft-probability", "2"], "draft_probability must be in (0, 1]"),
 ])
 def test_cli_checks_arguments_before_loading_the_bundle(tmp_path, capsys, args, match):
     """The bundle path does not exist: an argument error must come first, as one line."""

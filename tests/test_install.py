@@ -2,7 +2,7 @@
 edge platform, the ORT range is open upward, and the EP extras apply only where their wheels exist.
 
 No network: markers are evaluated with packaging for each platform's marker environment. The real
-resolution per platform (pip/uv dry runs against PyPI) is in README, "Install on a device".
+resolution per platform (pip/uv dry runs against PyPI) is in docs/install.md.
 """
 from __future__ import annotations
 

@@ -61,9 +61,9 @@ def test_stripped_graph_is_the_original(bundles, tiny_same_bundle, copy_bundle):
 @pytest.mark.parametrize("window", [6, 16])
 def test_windowed_drafter_keeps_greedy_identity_and_its_bound(bundles, name, window):
     b = bundles[name]
-    ar = SpeculativeDecoder(b, strategy="ar", threads=1, prefix_reuse=False)
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1, options={"prefix_reuse": False})
     dec = SpeculativeDecoder(b, strategy="tli" if name != "hetero" else "slem", draft_length=3, threads=1,
-                             drafter_window=window, prefix_reuse=False)
+                             options={"drafter_window": window, "prefix_reuse": False})
     seen = []
     forward = dec.drafter.forward
 
@@ -84,7 +84,7 @@ def test_windowed_drafter_keeps_greedy_identity_and_its_bound(bundles, name, win
 def test_window_larger_than_the_drafter_context_is_clamped_once(bundles):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dec = SpeculativeDecoder(bundles["same"], strategy="tli", threads=1, drafter_window=10 ** 6)
+        dec = SpeculativeDecoder(bundles["same"], strategy="tli", threads=1, options={"drafter_window": 10 ** 6})
     said = [w for w in caught if "drafter_window" in str(w.message)]
     assert len(said) == 1
     assert dec.config.drafter_window == dec.drafter.max_position - dec.config.max_draft_length - 2
@@ -102,7 +102,7 @@ def _turns(first_answer: str):
 def test_second_turn_reuses_the_prefix_and_equals_a_cold_call(bundles, name, strategy):
     b = bundles[name]
     warm = SpeculativeDecoder(b, strategy=strategy, threads=1)
-    cold = SpeculativeDecoder(b, strategy=strategy, threads=1, prefix_reuse=False)
+    cold = SpeculativeDecoder(b, strategy=strategy, threads=1, options={"prefix_reuse": False})
     one, _ = _turns("")
     first = warm.generate(one, max_new_tokens=N, chat=True)
     _, two = _turns(first.text)
@@ -122,7 +122,7 @@ def test_second_turn_reuses_the_prefix_and_equals_a_cold_call(bundles, name, str
 def test_an_interrupted_stream_leaves_nothing_to_reuse(bundles):
     b = bundles["same"]
     dec = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1)
-    cold = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1, prefix_reuse=False)
+    cold = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1, options={"prefix_reuse": False})
     stream = dec.stream(LONG, max_new_tokens=N)
     next(stream)
     stream.close()
@@ -143,7 +143,7 @@ def test_a_superseded_stream_leaves_nothing_to_reuse(bundles):
 
 def test_fast_plain_steps_skip_the_padding(bundles):
     b = bundles["same"]
-    exact = SpeculativeDecoder(b, strategy="ar", threads=1, prefix_reuse=False)
+    exact = SpeculativeDecoder(b, strategy="ar", threads=1, options={"prefix_reuse": False})
     fast = exact.variant("ar", plain_steps="fast")
     for dec in (exact, fast):
         dec.target.min_tokens = 2                # as an int4 graph with a separate 1-token path declares

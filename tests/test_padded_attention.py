@@ -134,6 +134,6 @@ def test_a_reused_prefix_gives_the_cold_calls_tokens(padded_bundle):
     follow = first.prompt_token_ids + first.token_ids + dec.encode_prompt("\n# and a test for it\n")
     reused = dec.generate(follow, max_new_tokens=20)
     assert reused.stats.reused_tokens > len(first.prompt_token_ids)
-    cold = SpeculativeDecoder(padded_bundle, strategy="auto", threads=1, prefix_reuse=False).generate(
+    cold = SpeculativeDecoder(padded_bundle, strategy="auto", threads=1, options={"prefix_reuse": False}).generate(
         follow, max_new_tokens=20)
     assert reused.token_ids == cold.token_ids

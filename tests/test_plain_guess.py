@@ -25,7 +25,7 @@ def plain_only(monkeypatch):
 @pytest.fixture(scope="module")
 def int4(tiny_int4_bundle):
     b = Bundle.load(tiny_int4_bundle)
-    dec = SpeculativeDecoder(b, strategy="tli", draft_length="auto", threads=1, defer_drafter=False)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length="auto", threads=1, options={"defer_drafter": False})
     assert dec.target.min_tokens == 2, "the tiny int4 target must pad 1-token steps for these tests"
     return b, dec
 
@@ -89,7 +89,7 @@ def test_the_last_token_of_the_budget_is_not_guessed(int4, plain_only):
 def test_plain_guess_is_a_flag(int4):
     b, dec = int4
     with pytest.raises(GenerationError, match="plain_guess must be True or False") as e:
-        SpeculativeDecoder(b, plain_guess="yes", threads=1)
+        SpeculativeDecoder(b, threads=1, options={"plain_guess": "yes"})
     assert "\n" not in str(e.value)
 
 

@@ -112,7 +112,7 @@ def test_greedy_speculation_equals_ar_with_the_prefill_graph(int4_bundle, strate
     """Cold calls (prefix_reuse=False); reused ones: the next test."""
     b = Bundle.load(int4_bundle)
     dec = SpeculativeDecoder(b, strategy=strategy, draft_length=gamma, threads=1, prefill_graph=True,
-                             prefix_reuse=False)
+                             options={"prefix_reuse": False})
     ar = dec.variant("ar")
     for prompt in (LONG, SHORT):
         expect = ar.generate(prompt, max_new_tokens=24).token_ids
@@ -145,7 +145,8 @@ def test_sampling_with_the_prefill_graph_keeps_the_target_distribution(int4_bund
 
     b = Bundle.load(int4_bundle)
     ids = b.target.tokenizer.encode(LONG).ids
-    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, prefill_graph=True, prefix_reuse=False)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, prefill_graph=True,
+                             options={"prefix_reuse": False})
     dec.generate(ids, max_new_tokens=2, temperature=1.0, seed=0)
     assert dec.last_result.stats.prefill_ms > 0 and dec.target.prefill_session is not None
     pvals = check_lossless(dec, b, ids, n=1500, seed=0, prefill_graph=True)
@@ -231,7 +232,8 @@ def test_auto_is_the_default_and_builds_the_prefill_graph_for_its_first_long_pro
     assert not dec.target.prefill_pending and long.stats.prefill_graph_load_ms > 0
     assert dec.target.prefill_graph_rows == len(ids) and dec.target.prefill_chunks_exact
     assert long.stats.ttft_ms >= long.stats.prefill_graph_load_ms     # its build is time to the first token
-    on = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1, prefill_graph=True, prefix_reuse=False)
+    on = SpeculativeDecoder(b, strategy="tli", draft_length=2, threads=1, prefill_graph=True,
+                            options={"prefix_reuse": False})
     assert long.token_ids == on.generate(ids, max_new_tokens=8).token_ids == \
         dec.variant("ar", prefix_reuse=False).generate(ids, max_new_tokens=8).token_ids
     again = dec.generate(ids, max_new_tokens=8)
@@ -243,7 +245,8 @@ def test_auto_is_the_default_and_builds_the_prefill_graph_for_its_first_long_pro
 
 def test_auto_builds_it_up_front_where_the_drafter_is_and_skips_bundles_without_one(int4_bundle, tiny_same_bundle,
                                                                                     auto_from_150):
-    dec = SpeculativeDecoder(int4_bundle, strategy="tli", draft_length=2, threads=1, defer_drafter=False)
+    dec = SpeculativeDecoder(int4_bundle, strategy="tli", draft_length=2, threads=1,
+                             options={"defer_drafter": False})
     assert not dec.target.prefill_pending and dec.target.prefill_session is not None
     assert dec.target.prefill_chunks_exact and dec.target.prefill_from == 150
     assert SpeculativeDecoder(int4_bundle, threads=1, prefill_graph=True).target.prefill_from == PREFILL_GRAPH_TOKENS

@@ -11,7 +11,7 @@ import pytest
 
 from edgespec.cli import main
 from edgespec.errors import EdgespecError, EPError, GenerationError
-from edgespec.profiler.bench import decoder_family, run_bench
+from edgespec.profiler.bench import check_settings, decoder_family, run_bench
 from edgespec.profiler.cli import _draft_lengths, bench_settings, register_bench
 from edgespec.profiler.errors import BenchError
 from edgespec.profiler.settings import BenchSettings
@@ -400,8 +400,9 @@ def test_draft_confidence_rows_share_the_sessions(tiny_self_bundle):
 
 def test_draft_length_list_parsing():
     assert _draft_lengths("2, 4,AUTO") == [2, 4, "auto"]
-    with pytest.raises(argparse.ArgumentTypeError, match="integers and/or auto"):
-        _draft_lengths("2,fast")
+    assert _draft_lengths("2,fast") == [2, "fast"]       # kept for check_settings to refuse in one line
+    with pytest.raises(BenchError, match="--draft-length needs integers in"):
+        check_settings(BenchSettings(bundle=Path("b"), report=Path("r"), draft_lengths=_draft_lengths("2,fast")))
     assert BenchSettings(bundle=Path("b"), report=Path("r"), draft_lengths=["auto"]).max_draft_length == 8
     assert BenchSettings(bundle=Path("b"), report=Path("r"), draft_lengths=[3, "auto", 5]).max_draft_length == 8
     assert BenchSettings(bundle=Path("b"), report=Path("r"), draft_lengths=[3, "auto", 12]).max_draft_length == 12
@@ -485,7 +486,7 @@ def test_argument_checks_come_before_any_session(tiny_self_bundle, prompts_file,
             (dict(draft_lengths=[65]), BenchError, "draft-length"),
             (dict(draft_lengths=[2, "auto", "auto"]), BenchError, "twice"),
             (dict(draft_lengths=["fast"]), BenchError, "draft-length"),
-            (dict(max_draft_length=0), BenchError, "max-draft-length"),
+            (dict(max_draft_length=0), BenchError, "max_draft_length"),
             (dict(top_p=2.0), GenerationError, "top_p"),
             (dict(top_k=0), GenerationError, "top_k"),
             (dict(strategies=["ar", "tli:nope=1"]), BenchError, "unknown option 'nope'"),

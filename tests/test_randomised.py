@@ -107,7 +107,7 @@ PROMPT = "The quick brown"
 def test_samples_the_target_distribution(tiny_self_bundle, a, concurrent):
     b = Bundle.load(tiny_self_bundle)
     dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, draft_probability=a,
-                             concurrent_draft=concurrent)
+                             options={"concurrent_draft": concurrent})
     pvals = check_lossless(dec, b, b.target.tokenizer.encode(PROMPT).ids, n=2000, seed=0)
     assert min(pvals.values()) > ALPHA, pvals
 

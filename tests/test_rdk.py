@@ -205,7 +205,7 @@ def test_greedy_output_equals_ar(request, which):
     refs = [ar.generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
     for strategy, opts, gamma in [("rdk-taylor", {}, 1), ("rdk-taylor", {"rdk_beta": 1e4}, 4), ("rdk", {}, 1),
                                   ("rdk", {"rdk_tol": 0.0}, 4)]:
-        dec = SpeculativeDecoder(b, strategy=strategy, draft_length=gamma, threads=1, **opts)
+        dec = SpeculativeDecoder(b, strategy=strategy, draft_length=gamma, threads=1, options=opts)
         for p, ref in zip(PROMPTS, refs):
             assert dec.generate(p, max_new_tokens=24).token_ids == ref, (strategy, opts, gamma, p)
 
@@ -228,7 +228,7 @@ def test_rdk_drafts_tokens_outside_the_drafter_head(tiny_same_bundle, monkeypatc
                                                  ("rdk", {}, "same")])
 def test_samples_the_target_distribution(request, strategy, opts, which):
     b = bundle_with_priors(request.getfixturevalue(f"tiny_{which}_bundle"))
-    dec = SpeculativeDecoder(b, strategy=strategy, draft_length=4, threads=1, **opts)
+    dec = SpeculativeDecoder(b, strategy=strategy, draft_length=4, threads=1, options=opts)
     pvals = check_lossless(dec, b, b.target.tokenizer.encode("The quick brown").ids, n=2000, seed=0)
     assert min(pvals.values()) > ALPHA, pvals
 
@@ -241,7 +241,7 @@ def test_bundles_without_priors_are_refused(tiny_same_bundle):
         SpeculativeDecoder(b, strategy="rdk")
     b = bundle_with_priors(tiny_same_bundle)
     with pytest.raises(GenerationError, match="rdk_tol"):
-        SpeculativeDecoder(b, strategy="rdk", rdk_tol=1.5)
+        SpeculativeDecoder(b, strategy="rdk", options={"rdk_tol": 1.5})
 
 
 @pytest.mark.real

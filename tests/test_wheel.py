@@ -40,6 +40,9 @@ def test_wheel_contents(wheel):
     assert "edgespec/runtime/bundle.py" in names and "edgespec/runtime/vocab.py" in names
     assert any(n.startswith("edgespec/models/") and n.endswith(".toml") for n in names)
     assert not any(n.startswith("tests/") for n in names)
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    headers = zipfile.ZipFile(wheel).read(metadata).decode().split("\n\n")[0].splitlines()
+    assert "License-Expression: Apache-2.0" in headers          # the SPDX form (PEP 639), not a License: text
 
 
 def test_wheel_in_fresh_venv(wheel, tmp_path):

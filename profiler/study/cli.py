@@ -12,10 +12,10 @@ from edgespec.profiler.study.synthetic import DEFAULT_KEPT, DEFAULT_SCALE, Synth
 
 def add_bundle_and_prompts(p, bundle_help: str) -> None:
     """--bundle, --prompts and --split, as `edgespec bench` and the randomised study read them."""
-    p.add_argument("--bundle", type=Path, required=True, help=bundle_help)
-    p.add_argument("--prompts", default="humaneval", help="humaneval or FILE.jsonl (Spec-Bench or HumanEval layout)")
-    p.add_argument("--split", help="calib, test or all (default: test for humaneval, never its calibration prompts; "
-                        "all for a FILE.jsonl)")
+    p.add_argument("--bundle", type=Path, required=True, metavar="DIR", help=bundle_help)
+    p.add_argument("--prompts", default="humaneval", metavar="SET",
+                   help="humaneval (default) or FILE.jsonl (Spec-Bench or HumanEval)")
+    p.add_argument("--split", help="calib, test or all (default: humaneval's test split, a whole FILE)")
 
 
 EPILOG = """\

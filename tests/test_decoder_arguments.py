@@ -1,0 +1,119 @@
+"""One set of decoder arguments (runtime/arguments.py) for generate, chat, serve and bench: its defaults
+are SpeculativeDecoder's and DecodeConfig's, `--option KEY=VALUE` and `options=` reach the same
+settings, the spellings of the earlier release still work with a one-line warning, and every
+command's help fits one screen."""
+from __future__ import annotations
+
+import io
+import warnings
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from edgespec.cli import build_parser, main
+from edgespec.errors import GenerationError
+from edgespec.profiler.cli import bench_settings
+from edgespec.runtime import SpeculativeDecoder
+from edgespec.runtime.arguments import DEFAULTS, decoder_settings
+from edgespec.runtime.config import SESSION_OPTIONS, DecodeConfig, check_decoder_settings
+from edgespec.runtime.strategies import get_strategy
+
+MINIMAL = {"generate": ["--bundle", "B", "--prompt", "p"], "chat": ["--bundle", "B"], "serve": ["--bundle", "B"],
+           "bench": ["--bundle", "B", "--report", "R"]}
+
+
+def _parse(command: str, *extra: str):
+    return build_parser().parse_args([command, *MINIMAL[command], *extra])
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_cli_defaults_are_the_decoders(command):
+    settings = decoder_settings(_parse(command))
+    assert settings == {**DEFAULTS, "options": {}}          # SpeculativeDecoder's own defaults, keyword by keyword
+    config, session = check_decoder_settings(**settings)
+    assert config == DecodeConfig(get_strategy("auto"))     # and with them, DecodeConfig's
+    assert session == SESSION_OPTIONS
+
+
+def test_bench_defaults_are_the_decoders():
+    s = bench_settings(_parse("bench"))
+    assert (s.ep, s.threads, s.prefill_graph) == (DEFAULTS["ep"], DEFAULTS["threads"], DEFAULTS["prefill_graph"])
+    assert (s.draft_ep, s.draft_threads) == (SESSION_OPTIONS["draft_ep"], SESSION_OPTIONS["draft_threads"])
+    assert s.max_draft_length == DecodeConfig(get_strategy("auto")).max_draft_length and s.options == {}
+
+
+def test_option_reaches_the_settings_and_bench_keeps_its_own():
+    args = _parse("generate", "--option", "drafter_window=none", "--option", "plain_steps=fast", "--option",
+                  "draft_ep=cpu,cuda", "--option", "draft_confidence=0.5", "--option", "rdk_beta=2")
+    config, session = check_decoder_settings(**decoder_settings(args))
+    assert (config.drafter_window, config.plain_steps, config.draft_confidence) == (None, "fast", 0.5)
+    assert dict(config.options) == {"rdk_beta": 2} and session["draft_ep"] == ["cpu", "cuda"]
+    s = bench_settings(_parse("bench", "--option", "max_draft_length=4", "--option", "draft_threads=1",
+                              "--option", "concurrent_draft=false"))
+    assert (s.max_draft_length, s.draft_threads, s.options) == (4, 1, {"concurrent_draft": False})
+
+
+@pytest.mark.parametrize("command, old, option", [
+    ("generate", ["--drafter-window", "all"], ("drafter_window", None)),
+    ("generate", ["--max-draft-length", "4"], ("max_draft_length", 4)),
+    ("generate", ["--draft-ep", "cpu"], ("draft_ep", "cpu")),
+    ("bench", ["--strategy-option", "rdk_beta=2"], ("rdk_beta", 2)),
+    ("bench", ["--draft-threads", "1"], ("draft_threads", 1)),
+])
+def test_deprecated_flags_still_work_with_one_warning_line(command, old, option):
+    err = io.StringIO()
+    with redirect_stderr(err):
+        args = _parse(command, *old)
+    assert args.option == [option]
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 1 and "deprecated" in lines[0] and f"--option {option[0]}=" in lines[0]
+
+
+def test_bad_option_is_one_line_before_the_bundle_loads(tmp_path, capsys):
+    for extra, message in ((["--option", "drafter_windw=3"], "did you mean 'drafter_window'"),
+                           (["--option", "drafter_window=1"], "drafter_window must be an integer >= 2"),
+                           (["--draft-length", "x"], "draft_length must be an integer in"),
+                           (["--draft-probability", "lots"], "draft_probability must be in (0, 1]")):
+        rc = main(["generate", "--bundle", str(tmp_path / "missing"), "--prompt", "hi", *extra])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "bench"])
+def test_help_fits_one_screen(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    out = io.StringIO()
+    with pytest.raises(SystemExit), redirect_stdout(out):
+        build_parser().parse_args([command, "--help"])
+    lines = out.getvalue().splitlines()
+    assert 10 < len(lines) <= 60, len(lines)
+    assert not any(flag in out.getvalue() for flag in ("--drafter-window", "--strategy-option", "--draft-ep"))
+
+
+def test_api_options_and_deprecated_keywords_make_the_same_decoder(tiny_same_bundle):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # the options= form warns about nothing
+        new = SpeculativeDecoder(tiny_same_bundle, strategy="tli", draft_length=2, threads=1,
+                                 options={"drafter_window": 16, "plain_steps": "fast", "draft_threads": 1,
+                                          "defer_drafter": False})
+    with pytest.warns(DeprecationWarning) as caught:
+        old = SpeculativeDecoder(tiny_same_bundle, strategy="tli", draft_length=2, threads=1, drafter_window=16,
+                                 plain_steps="fast", draft_threads=1, defer_drafter=False)
+    assert len(caught) == 1 and "options=" in str(caught[0].message) and "\n" not in str(caught[0].message)
+    assert caught[0].filename == __file__                   # it points at the caller's line
+    assert old.config == new.config
+    assert new.config.drafter_window == 16 and not new.drafter.pending     # defer_drafter=False: built now
+    prompt = "The quick brown fox"
+    assert new.generate(prompt, max_new_tokens=12).token_ids == old.generate(prompt, max_new_tokens=12).token_ids
+
+
+def test_api_signature_is_small_and_checks_options(tiny_same_bundle):
+    import inspect
+
+    named = [n for n, p in inspect.signature(SpeculativeDecoder).parameters.items()
+             if p.kind is not p.VAR_KEYWORD and n != "options"]
+    assert len(named) <= 8, named
+    with pytest.raises(GenerationError, match="options must be a mapping"):
+        SpeculativeDecoder(tiny_same_bundle, options=["drafter_window"])
+    with pytest.raises(GenerationError, match="unknown option 'plain_step'; did you mean 'plain_steps'"):
+        SpeculativeDecoder(tiny_same_bundle, options={"plain_step": "fast"})
