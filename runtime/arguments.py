@@ -24,7 +24,8 @@ DEFAULTS = {name: p.default for name, p in inspect.signature(SpeculativeDecoder)
 PREFILL_GRAPH_WORDS = {value: word for word, value in PREFILL_GRAPH_SETTINGS.items()}
 PREFILL_GRAPH_HELP = ("long prompts on the target's prefill graph, a second session: auto (512+ tokens, default), "
                       "on (96+), off")
-# flag of an earlier release -> the --option key it sets (the commands that had it)
+# a flag of earlier releases -> the --option key it sets (each command names the ones it had; bench's
+# --strategy-option took KEY=VALUE itself)
 DEPRECATED_FLAGS = {"--drafter-window": "drafter_window", "--plain-steps": "plain_steps",
                     "--max-draft-length": "max_draft_length", "--draft-confidence": "draft_confidence",
                     "--draft-ep": "draft_ep", "--draft-threads": "draft_threads"}
@@ -81,7 +82,10 @@ class _Deprecated(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         key = DEPRECATED_FLAGS.get(option_string, "")
-        pairs = [parse_option(values)] if not key else [(key, None if values == "all" else parse_value(values))]
+        try:
+            pairs = [parse_option(values)] if not key else [(key, None if values == "all" else parse_value(values))]
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
         replacement = " ".join(f"--option {k}={_shown(v)}" for k, v in pairs)
         print(f"edgespec: warning: {option_string} is deprecated and will be removed in the next release: use "
               f"{replacement}", file=sys.stderr)

@@ -62,7 +62,7 @@ class SpeculativeDecoder:
         # every setting is checked here, first: loading and sessions take seconds. `options`: the tuning
         # knobs and strategy options (config.split_options); `deprecated`: their keyword form of earlier releases
         config, session = check_decoder_settings(strategy, draft_length, threads, draft_probability,
-                                         options=with_deprecated(options, deprecated))
+                                                 options=with_deprecated(options, deprecated))
         draft_ep, draft_threads, defer_drafter = (session[k] for k in SESSION_OPTIONS)
         if not isinstance(bundle, Bundle):
             bundle = Bundle.load(bundle)

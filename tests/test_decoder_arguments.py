@@ -69,6 +69,12 @@ def test_deprecated_flags_still_work_with_one_warning_line(command, old, option)
     assert len(lines) == 1 and "deprecated" in lines[0] and f"--option {option[0]}=" in lines[0]
 
 
+def test_a_deprecated_flag_with_a_bad_value_is_an_argument_error(capsys):
+    with pytest.raises(SystemExit):
+        _parse("bench", "--strategy-option", "rdk_beta")
+    assert "argument --strategy-option: expected KEY=VALUE" in capsys.readouterr().err
+
+
 def test_bad_option_is_one_line_before_the_bundle_loads(tmp_path, capsys):
     for extra, message in ((["--option", "drafter_windw=3"], "did you mean 'drafter_window'"),
                            (["--option", "drafter_window=1"], "drafter_window must be an integer >= 2"),
