@@ -26,7 +26,7 @@ class _HelpAll(argparse.Action):
             action.help = text
         parser.usage = None
         if self.more:
-            parser.epilog = "\n".join(part for part in (parser.epilog, self.more) if part)
+            parser.epilog = (parser.epilog or "").rstrip("\n") + "\n" + self.more
         parser.print_help()
         parser.exit()
 
