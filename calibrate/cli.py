@@ -78,7 +78,7 @@ def register(subparsers) -> None:
     k.add_argument("--min-count", type=float, metavar="C", help="every token counted at least C times")
     k.add_argument("--vocab", type=Path, metavar="VOCAB.json", help="reuse this kept set; compute its priors")
     p.add_argument("--heldout", nargs="+", default=[], metavar="PATH",
-                   help="held-out text (or --save-text jsonl): coverage on it")
+                   help="held-out text or generated jsonl: coverage on it")
     r = p.add_argument_group("priors")
     r.add_argument("--prior-alpha", type=float, default=0.5, metavar="A", help="add-alpha smoothing of the unigram prior")
     r.add_argument("--affinity", choices=["cooc", "cov"], metavar="cooc|cov", help="estimate the RDK affinity M")

@@ -15,8 +15,8 @@ def add_bundle_and_prompts(p, bundle_help: str) -> None:
     """--bundle, --prompts and --split, as `edgespec bench` and the randomised study read them."""
     p.add_argument("--bundle", type=Path, required=True, metavar="DIR", help=bundle_help)
     p.add_argument("--prompts", default="humaneval", metavar="SET",
-                   help="humaneval (default) or FILE.jsonl (Spec-Bench or HumanEval)")
-    p.add_argument("--split", help="calib, test or all (default: humaneval's test split, a whole FILE)")
+                   help="humaneval (default) or FILE.jsonl")
+    p.add_argument("--split", metavar="SPLIT", help="calib, test or all (default: test, or all of a FILE)")
 
 
 EPILOG = """\
@@ -95,17 +95,19 @@ def run(args, command) -> int:
 
 
 RANDOMISED_EPILOG = """\
-outputs in OUT/: randomised.json (settings, per-a rows, per-prompt sums), randomised.csv, randomised.png
-(acceptance measured vs Lemma 4.1 against a; decode tokens/s against a). Method: docs/study-randomised.md.
+outputs in OUT/: randomised.json (settings, per-a rows, per-prompt sums),
+randomised.csv, randomised.png (acceptance measured vs Lemma 4.1 against a;
+decode tokens/s against a). Method: docs/study-randomised.md.
 
 examples:
-  edgespec study randomised --bundle bundles/qwen-coder-int4 --limit 8 --max-new-tokens 64 --out out/randomised
+  edgespec study randomised --bundle bundles/qwen-coder-int4 --limit 8 \\
+      --max-new-tokens 64 --out out/randomised
 """
 
 
 def register_randomised(sub, csv_list, float_list, command) -> None:
     p = sub.add_parser("randomised", help="randomised drafting: measured acceptance vs Lemma 4.1, tokens/s vs a",
-                       description="Per prompt: ar and tli with draft_probability=a for each a (same seed); "
+                       description="Per prompt: ar and tli with draft_probability=a for each a (same seed);\n"
                                    "teacher-forced p and q give Lemma 4.1's prediction (randomised-drafting paper).",
                        epilog=RANDOMISED_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bundle_and_prompts(p, "a same-tokenizer bundle")
@@ -140,20 +142,22 @@ def run_randomised_cli(args, command) -> int:
 
 
 SYNTHETIC_EPILOG = """\
-outputs in OUT/: synthetic.json (settings, target statistics, rows), synthetic.csv, synthetic.png (α against
-the kept tokens K, log x axis, with the paper's 26.7 %). Method and results: docs/study-synthetic.md.
+outputs in OUT/: synthetic.json (settings, target statistics, rows),
+synthetic.csv, synthetic.png (α against the kept tokens K, log x axis, with the
+paper's 26.7 %). Method and results: docs/study-synthetic.md.
 
 examples:
   edgespec study synthetic --out out/synthetic
-  edgespec study synthetic --vocab 20000 --kept 100,1000,20000 --positions 200 --noise 1 --out out/syn-small
+  edgespec study synthetic --vocab 20000 --kept 100,1000,20000 --positions 200 \\
+      --noise 1 --out out/syn-small
 """
 
 
 def register_synthetic(sub, csv_list, float_list, command) -> None:
     p = sub.add_parser("synthetic", help="RDK paper Fig. 7: acceptance under pruning on synthetic Student-t "
                                          "targets (no models)",
-                       description="Synthetic targets p = softmax(scale * t_df) over V tokens; the drafter q = p "
-                                   "(or a noisy copy) pruned to its K most frequent tokens; α = Σ min(p, d) of "
+                       description="Synthetic targets p = softmax(scale * t_df) over V tokens; the drafter q = p\n"
+                                   "(or a noisy copy) pruned to its K most frequent tokens; α = Σ min(p, d) of\n"
                                    "masked, TLI, rdk-taylor (Eq. 3) and rdk (Algorithm 1) at each K.",
                        epilog=SYNTHETIC_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, metavar="OUT", help="output directory")
