@@ -13,7 +13,15 @@ from edgespec.errors import ExportError
 from edgespec.export.bundle_writer import export_bundle
 from edgespec.export.quantize_bundle import add_arguments, builder_settings, transform_from_args
 from edgespec.export.server_vocab import KINDS, parse_kinds, write_server_vocab
+from edgespec.help_all import add_help_all
 from edgespec.models import get_pair
+
+USAGE = ("%(prog)s (--pair NAME | --target SRC [--drafter SRC])\n"
+         "         [--keep K | --vocab VOCAB.json] [--quantize SCHEME] [--ep EP]\n"
+         "         [--out DIR] [options]")
+# left out of --help, listed by --help-all (edgespec/help_all.py)
+EXPERT = ("--block-size", "--drafter-block-size", "--accuracy-level",
+          "--quantize-embedding", "--int4-algo")
 
 
 def register(subparsers) -> None:
@@ -22,25 +30,23 @@ def register(subparsers) -> None:
         description="Export a target and a drafter to ONNX graphs with a KV cache (onnxruntime-genai's model "
                     "builder where it takes the architecture, optimum otherwise; fp32 unless --quantize), prune "
                     "the drafter's LM head to K kept tokens, and write them with the vocabulary maps as a bundle. "
-                    "A model SRC is a recipe name, an HF directory, a GGUF file or a hub id.")
-    p.add_argument("--pair", metavar="NAME", help="pair recipe (see `edgespec models list`); gives --target, "
-                                                   "--drafter and the default --keep")
+                    "A model SRC is a recipe name, an HF directory, a GGUF file or a hub id.",
+        epilog="quantization blocks, accuracy level and method: --help-all")
+    p.add_argument("--pair", metavar="NAME", help="pair recipe (edgespec models list): --target, --drafter, --keep")
     p.add_argument("--target", metavar="SRC", help="target model source")
-    p.add_argument("--drafter", metavar="SRC", help="drafter model source (none: a target-only bundle, for "
-                                                     "`ar` and prompt lookup `ngram`)")
+    p.add_argument("--drafter", metavar="SRC", help="drafter model source (none: a target-only bundle)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--keep", type=int, metavar="K", help="keep the first K drafter tokens (plain fallback without "
-                                                         "calibration data; special tokens are always kept)")
+    g.add_argument("--keep", type=int, metavar="K", help="keep the first K drafter tokens (without calibration)")
     g.add_argument("--vocab", metavar="VOCAB.json", help="kept vocabulary from `edgespec calibrate`")
-    p.add_argument("--graph", choices=("builder", "optimum"), default=None,
-                   help="how the graphs are made: onnxruntime-genai's model builder (fused attention, shared KV "
-                        "cache; the default wherever it takes the architecture) or optimum (any HF causal LM)")
+    p.add_argument("--graph", choices=("builder", "optimum"), default=None, metavar="builder|optimum",
+                   help="graphs from onnxruntime-genai's model builder (default where it takes the "
+                        "architecture: fused attention, shared KV cache) or optimum (any HF causal LM)")
     p.add_argument("--out", metavar="DIR", help="bundle directory (default: bundles/<pair>)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.add_argument("--also-write", default=None, metavar="KIND[,KIND]",
-                   help=f"also write the kept vocabulary for server engines into BUNDLE/vocab/: {', '.join(KINDS)} "
-                        "(SGLang --speculative-token-map; vLLM EAGLE-3 d2t/t2d)")
+                   help=f"the kept vocabulary for server engines too, in BUNDLE/vocab/: {', '.join(KINDS)}")
     add_arguments(p)
+    add_help_all(p, EXPERT, usage=USAGE)
     p.set_defaults(func=run)
 
 

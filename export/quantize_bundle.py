@@ -34,11 +34,12 @@ def _schemes(args) -> tuple[str, str]:
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("quantization (ONNX Runtime's own quantizers; see docs/quantization.md)")
-    g.add_argument("--quantize", choices=CHOICES, default="none",
-                   help="weight quantization for both graphs: int4 (MatMulNBits, block-wise), int8 (weight-only "
-                        "MatMulNBits) or int8-dynamic (quantize_dynamic); default none (fp32)")
-    g.add_argument("--quantize-target", choices=CHOICES, default=None, help="override --quantize for the target")
-    g.add_argument("--quantize-drafter", choices=CHOICES, default=None, help="override --quantize for the drafter")
+    g.add_argument("--quantize", choices=CHOICES, default="none", metavar="SCHEME",
+                   help=f"weights of both graphs: {', '.join(CHOICES)} (default none: fp32)")
+    g.add_argument("--quantize-target", choices=CHOICES, default=None, metavar="SCHEME",
+                   help="override --quantize for the target")
+    g.add_argument("--quantize-drafter", choices=CHOICES, default=None, metavar="SCHEME",
+                   help="override --quantize for the drafter")
     g.add_argument("--block-size", type=int, choices=q.BLOCK_SIZES, default=q.DEFAULT_BLOCK_SIZE,
                    help=f"the target's quantization block along the input dimension (default {q.DEFAULT_BLOCK_SIZE})")
     g.add_argument("--drafter-block-size", type=int, choices=q.BLOCK_SIZES, default=None,
@@ -51,14 +52,12 @@ def add_arguments(p) -> None:
                    help="int4: also quantize the embedding table (GatherBlockQuantized); smaller files, same bytes "
                         "per forward, some quality loss")
     p.add_argument("--ep", "--quantize-ep", dest="quantize_ep", default="cpu", metavar="EP",
-                   help="execution provider the bundle is made for: cpu (default), cuda, dml or webgpu (the model "
-                        "builder's graphs for that EP: attention and the KV cache on the device; float graphs are "
-                        "fp16 there); a --quantize scheme the EP lacks kernels for is refused")
+                   help="the EP the bundle is for: cpu (default), cuda, dml, webgpu (docs/quantization.md)")
     g.add_argument("--int4-algo", choices=("rtn", "k_quant", "rtn_last", "k_quant_last", "k_quant_mixed"), default=None,
                    help="builder graphs: onnxruntime's weight-quantization method (default k_quant; rtn is the builder's own default); *_last "
                         "keeps the LM head in int8, k_quant_mixed also the most sensitive layers (docs/fast-path.md)")
     g.add_argument("--quality-tokens", type=int, default=512, metavar="N",
-                   help="held-out tokens for the quantized-vs-fp32 target check (0 skips it; default 512)")
+                   help="tokens of the quantized-vs-fp32 target check (0 skips it; default 512)")
 
 
 def builder_settings(args) -> dict:

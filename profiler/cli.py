@@ -6,6 +6,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from edgespec.help_all import add_help_all
 from edgespec.profiler import bench
 from edgespec.profiler.demo import register_demo as _register_demo
 from edgespec.profiler.report import lossless_line, table
@@ -15,10 +16,16 @@ from edgespec.runtime.arguments import add_decoder_arguments, decoder_options, p
 from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
 
 BENCH_EPILOG = """\
-outputs in OUT/: report.json (docs/report-schema.md), report.md, plots, and records.jsonl (every
-generation as measured: Ctrl-C writes what was measured, marked "partial"; --resume continues).
-example: edgespec bench --bundle B --strategies ar,auto,tli:draft_probability=auto --report out/bench
+outputs in OUT/: report.json (docs/report-schema.md), report.md, plots and
+records.jsonl (each generation as measured: Ctrl-C keeps it, marked "partial";
+--resume continues). Example:
+  edgespec bench --bundle B --strategies ar,auto,tli:draft_probability=auto \\
+      --report out/bench
 """
+BENCH_USAGE = ("%(prog)s --bundle DIR --report OUT [--prompts SET]\n"
+               "         [--strategies LIST] [--draft-length LIST] [options]")
+# left out of `bench --help`, listed by --help-all (edgespec/help_all.py)
+BENCH_EXPERT = ("--no-warmup", "--bandwidth-mb")
 
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
@@ -52,8 +59,8 @@ def register_bench(subparsers) -> None:
     p.add_argument("--category", type=_csv, metavar="LIST", help="comma-separated categories to keep (default all)")
     p.add_argument("--limit", type=int, metavar="N", help="at most this many prompts")
     p.add_argument("--strategies", type=_csv, default=["ar", "auto"], metavar="LIST",
-                   help="comma-separated (default ar,auto; ar always, ar-fast where the graph pads 1-token "
-                        "steps); NAME:KEY=VALUE[:...] sets one row's options")
+                   help="comma-separated (default ar,auto; ar always, ar-fast too where steps pad); "
+                        "NAME:KEY=VALUE[:...] sets a row's options")
     p.add_argument("--draft-length", type=_draft_lengths, default=["auto"], metavar="LIST",
                    help=f"comma-separated γ and/or auto (default auto: γ per round up to --option "
                         f"max_draft_length, {DEFAULT_MAX_DRAFT_LENGTH} or the largest γ given)")
@@ -74,6 +81,7 @@ def register_bench(subparsers) -> None:
                                                      "--strategy-option"))
     p.add_argument("--resume", action="store_true",
                    help="continue the run journaled in OUT/records.jsonl (same settings; --limit, --repeats may grow)")
+    add_help_all(p, BENCH_EXPERT, usage=BENCH_USAGE)
     p.set_defaults(func=run_bench)
 
 

@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from edgespec.help_all import add_help_all
 from edgespec.models import default_pair, get_pair
 from edgespec.paths import cache_home, models_dir
 from edgespec.profiler.bench import check_draft_lengths
@@ -42,33 +43,44 @@ from edgespec.profiler.report import lossless_line
 from edgespec.runtime.manifest import MANIFEST
 
 STATE = "demo-state.json"
+DESCRIPTION = """\
+Pull, export (int4), calibrate and bench a pair end to end (`make demo`).
+A second run reuses each step whose inputs are unchanged. The steps: --help-all."""
+# left out of `demo --help`, listed by --help-all (edgespec/help_all.py)
+EXPERT = ("--calib-new-tokens", "--quality-tokens")
 
 
 def register_demo(subparsers, csv_list, int_list) -> None:
     p = subparsers.add_parser("demo", help="pull, export, calibrate and bench a pair in int4, end to end (make demo)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pair", help="pair recipe (default: the default pair, qwen-coder); smollm-self is quick")
-    p.add_argument("--out", type=Path, help="demo directory (default <cache>/demo/<pair>)")
-    p.add_argument("--quantize", default="int4", choices=["int4", "none"], help="graphs' precision (default int4)")
-    p.add_argument("--prompt-set", default=None, metavar="humaneval|FILE.jsonl",
-                   help="prompts: calibration on the calib split, bench on the test split (default: the repository's "
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pair", metavar="NAME", help="pair recipe (default qwen-coder; smollm-self is quick)")
+    p.add_argument("--out", type=Path, metavar="DIR", help="demo directory (default <cache>/demo/<pair>)")
+    p.add_argument("--quantize", default="int4", choices=["int4", "none"], metavar="int4|none",
+                   help="graphs' precision (default int4)")
+    p.add_argument("--prompt-set", default=None, metavar="SET",
+                   help="humaneval or FILE.jsonl: calib split calibrates, test split is benched (default: "
                         "benchmarks/heldout13.jsonl, 13 task categories; humaneval where it is absent)")
-    p.add_argument("--calib-tokens", type=int, default=1024, help="target-generated calibration tokens (default 1024)")
+    p.add_argument("--calib-tokens", type=int, default=1024, metavar="N",
+                   help="target-generated calibration tokens (default 1024)")
     p.add_argument("--calib-new-tokens", type=int, default=96,
                    help="calibration tokens per prompt (default 96: the budget spreads over the categories)")
-    p.add_argument("--keep", type=int, help="kept drafter tokens (default: the pair's)")
+    p.add_argument("--keep", type=int, metavar="K", help="kept drafter tokens (default: the pair's)")
     p.add_argument("--quality-tokens", type=int, default=0, metavar="N",
                    help="check the int4 target's top-1 agreement with its fp32 graph on N tokens at export "
                         "(default 0: off; edgespec export's default is 512)")
-    p.add_argument("--affinity", choices=["cooc", "cov"], help="also estimate M (enables the rdk strategy)")
-    p.add_argument("--prompts", type=int, default=4, help="test-split prompts to bench (default 4)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--strategies", type=csv_list, default=["ar", "auto"])
-    p.add_argument("--draft-length", type=int_list, default=["auto"])
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--threads", type=int, default=2, help="ORT threads for calibration and bench (default 2)")
+    p.add_argument("--affinity", choices=["cooc", "cov"], metavar="cooc|cov", help="also estimate M (enables the rdk strategy)")
+    p.add_argument("--prompts", type=int, default=4, metavar="N", help="test-split prompts to bench (default 4)")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="bench tokens per prompt (default 64)")
+    p.add_argument("--strategies", type=csv_list, default=["ar", "auto"], metavar="LIST",
+                   help="bench's --strategies (default ar,auto)")
+    p.add_argument("--draft-length", type=int_list, default=["auto"], metavar="LIST",
+                   help="bench's --draft-length (default auto)")
+    p.add_argument("--repeats", type=int, default=1, metavar="N", help="bench's --repeats (default 1)")
+    p.add_argument("--threads", type=int, default=2, metavar="N",
+                   help="ORT threads for calibration and bench (default 2)")
     p.add_argument("--no-peers", action="store_true", help="skip onnxruntime-genai's row even where it is importable")
     p.add_argument("--remeasure", action="store_true", help="re-run the bench even if its inputs are unchanged")
+    add_help_all(p, EXPERT, more="\n" + __doc__)
     p.set_defaults(func=run_demo)
 
 

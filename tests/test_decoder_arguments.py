@@ -1,10 +1,13 @@
 """One set of decoder arguments (runtime/arguments.py) for generate, chat, serve and bench: its defaults
 are SpeculativeDecoder's and DecodeConfig's, `--option KEY=VALUE` and `options=` reach the same
 settings, the spellings of the earlier release still work with a one-line warning, and every
-command's help fits one screen."""
+command's help fits one screen (50 lines of at most 80 columns), its expert flags listed by --help-all
+(edgespec/help_all.py)."""
 from __future__ import annotations
 
+import argparse
 import io
+import re
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 
@@ -12,6 +15,7 @@ import pytest
 
 from edgespec.cli import build_parser, main
 from edgespec.errors import GenerationError
+from edgespec.help_all import add_help_all, expert_flags
 from edgespec.profiler.cli import bench_settings
 from edgespec.runtime import SpeculativeDecoder
 from edgespec.runtime.arguments import DEFAULTS, decoder_settings
@@ -85,15 +89,76 @@ def test_bad_option_is_one_line_before_the_bundle_loads(tmp_path, capsys):
         assert rc == 2 and message in err and len(err.splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("command", ["generate", "chat", "serve", "bench"])
-def test_help_fits_one_screen(command, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "80")
+def _commands(parser=None, words=()):
+    """(words, parser) of `edgespec` and every subcommand under it, found in the parser itself."""
+    parser = parser or build_parser()
+    yield words, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*words, name))
+
+
+COMMANDS = [words for words, _ in _commands()]
+SCREEN_LINES, SCREEN_COLUMNS = 50, 80
+
+
+def _help(words, flag, monkeypatch) -> str:
+    monkeypatch.setenv("COLUMNS", str(SCREEN_COLUMNS))
     out = io.StringIO()
-    with pytest.raises(SystemExit), redirect_stdout(out):
-        build_parser().parse_args([command, "--help"])
-    lines = out.getvalue().splitlines()
-    assert 10 < len(lines) <= 60, len(lines)
-    assert not any(flag in out.getvalue() for flag in ("--drafter-window", "--strategy-option", "--draft-ep"))
+    with pytest.raises(SystemExit) as exited, redirect_stdout(out):
+        build_parser().parse_args([*words, flag])
+    assert exited.value.code == 0
+    return out.getvalue()
+
+
+def _mentions(text: str, flag: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text) is not None
+
+
+def test_every_command_is_checked():
+    assert {("export",), ("calibrate",), ("study", "acceptance"), ("demo",), ("generate",), ("chat",), ("serve",),
+            ("bench",), ("models", "pull")} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
+def test_help_fits_one_screen(words, monkeypatch):
+    lines = _help(words, "--help", monkeypatch).splitlines()
+    assert 3 < len(lines) <= SCREEN_LINES, len(lines)
+    assert [line for line in lines if len(line) > SCREEN_COLUMNS] == []
+    assert not any(_mentions("\n".join(lines), flag) for flag in ("--drafter-window", "--strategy-option", "--draft-ep"))
+
+
+@pytest.mark.parametrize("words", [w for w, parser in _commands() if expert_flags(parser)], ids=" ".join)
+def test_help_all_lists_the_flags_help_leaves_out(words, monkeypatch):
+    parser = dict(_commands())[words]
+    hidden, short, full = expert_flags(parser), _help(words, "--help", monkeypatch), _help(words, "--help-all", monkeypatch)
+    assert hidden and _mentions(short, "--help-all")
+    assert [flag for flag in hidden if _mentions(short, flag)] == []
+    assert [flag for flag in hidden if not _mentions(full, flag)] == []
+    shown = {s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
+    assert [flag for flag in shown if not _mentions(full, flag)] == []      # everything, not only the expert flags
+
+
+@pytest.mark.parametrize("words, extra, dest, value", [
+    (("calibrate",), ["--tf-positions", "64", "--lambda", "0.5"], "tf_positions", 64),
+    (("export",), ["--int4-algo", "rtn", "--block-size", "64"], "int4_algo", "rtn"),
+    (("study", "acceptance"), ["--gamma", "2", "--export-cache", "C"], "gamma", 2),
+    (("demo",), ["--quality-tokens", "512"], "quality_tokens", 512),
+    (("bench",), ["--bandwidth-mb", "0", "--no-warmup"], "bandwidth_mb", 0),
+])
+def test_expert_flags_parse_as_before(words, extra, dest, value):
+    required = {"calibrate": ["--source", "raw", "--keep", "8", "--out", "v.json"], "bench": MINIMAL["bench"][0:4],
+                "acceptance": ["--out", "O"]}.get(words[-1], [])
+    args = build_parser().parse_args([*words, *required, *extra])
+    assert getattr(args, dest) == value
+
+
+def test_help_all_refuses_a_flag_the_command_lacks():
+    parser = argparse.ArgumentParser(prog="x")
+    parser.add_argument("--known")
+    with pytest.raises(ValueError, match="x has no flag --unknown"):
+        add_help_all(parser, ("--known", "--unknown"))
 
 
 def test_api_options_and_deprecated_keywords_make_the_same_decoder(tiny_same_bundle):

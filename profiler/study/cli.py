@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from edgespec.help_all import add_help_all
 from edgespec.profiler.study import randomised as study_randomised, report as study_report, synthetic as study_synthetic
 from edgespec.profiler.study.acceptance import StudyConfig, run_study
 from edgespec.profiler.study.randomised import RandomisedConfig, run_randomised
@@ -14,58 +15,67 @@ def add_bundle_and_prompts(p, bundle_help: str) -> None:
     """--bundle, --prompts and --split, as `edgespec bench` and the randomised study read them."""
     p.add_argument("--bundle", type=Path, required=True, metavar="DIR", help=bundle_help)
     p.add_argument("--prompts", default="humaneval", metavar="SET",
-                   help="humaneval (default) or FILE.jsonl (Spec-Bench or HumanEval)")
-    p.add_argument("--split", help="calib, test or all (default: humaneval's test split, a whole FILE)")
+                   help="humaneval (default) or FILE.jsonl")
+    p.add_argument("--split", metavar="SPLIT", help="calib, test or all (default: test, or all of a FILE)")
 
 
 EPILOG = """\
-outputs in OUT/: acceptance.csv, acceptance.png (α against the fraction pruned, one line per sampler),
-study.json, and with --bundle vocabtrim.png (expected τ and MBSU(c_params) of TLI against K).
+outputs in OUT/: acceptance.csv, acceptance.png (α against the fraction pruned,
+one line per sampler), study.json, and with --bundle vocabtrim.png (expected τ
+and MBSU(c_params) of TLI against K). The samplers' settings: --help-all.
 
 examples:
-  edgespec study acceptance --bundle bundles/qwen-coder --prompts humaneval --out out/study
-  edgespec study acceptance --bundle bundles/qwen-smollm --text '/usr/lib/python3.11/json/*.py' \\
+  edgespec study acceptance --bundle bundles/qwen-coder --out out/study
+"""
+MORE_EXAMPLES = """  edgespec study acceptance --bundle bundles/qwen-smollm --text '/usr/lib/python3.11/json/*.py' \\
       --kept 1,5,25,100 --betas 1,1e5,1e6 --positions 1000 --out out/study-smollm
 """
+# left out of `study acceptance --help`, listed by --help-all (edgespec/help_all.py)
+ACCEPTANCE_EXPERT = ("--export-cache", "--calib-positions", "--max-len", "--affinity-topk",
+                     "--affinity-tau", "--temperature", "--gamma", "--seed")
 
 
 def register_acceptance(sub, csv_list, float_list, command) -> None:
     p = sub.add_parser("acceptance", help="expected acceptance of masked/TLI/RDK samplers under vocabulary pruning",
-                       description="Teacher-forced over held-out text with the drafter's FULL head: α = Σ min(p, q) "
+                       description="Teacher-forced over held-out text with the drafter's FULL head: α = Σ min(p, q)\n"
                                    "of each sampler at each kept size (pruning = column masking, exact).",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     m = p.add_argument_group("models")
-    m.add_argument("--bundle", type=Path, help="bundle (target graph, tokenizers, maps; full drafter from the "
-                                               "export cache, else torch)")
-    m.add_argument("--pair", help="pair recipe (torch models, no bundle needed)")
-    m.add_argument("--target", help="target model source (with --drafter)")
-    m.add_argument("--drafter", help="drafter model source")
-    m.add_argument("--export-cache", type=Path, help="export cache holding the unpruned drafter graph "
-                                                     "(default: edgespec's cache)")
-    m.add_argument("--ep", default="cpu")
-    m.add_argument("--threads", type=int, default=1)
+    m.add_argument("--bundle", type=Path, metavar="DIR",
+                   help="a bundle (its full drafter from the export cache, else torch)")
+    m.add_argument("--pair", metavar="NAME", help="pair recipe (torch models, no bundle needed)")
+    m.add_argument("--target", metavar="SRC", help="target model source (with --drafter)")
+    m.add_argument("--drafter", metavar="SRC", help="drafter model source")
+    m.add_argument("--export-cache", type=Path, metavar="DIR", help="export cache holding the unpruned drafter graph "
+                                                                    "(default: edgespec's cache)")
+    m.add_argument("--ep", default="cpu", help="execution provider (default cpu)")
+    m.add_argument("--threads", type=int, default=1, metavar="N", help="ORT intra-op threads (default 1)")
     t = p.add_argument_group("text")
-    t.add_argument("--prompts", default="humaneval", help="calib split calibrates, test split is held out "
-                                                           "(default humaneval)")
-    t.add_argument("--text", nargs="+", default=[], metavar="PATH_OR_GLOB",
-                   help="raw text instead of --prompts (alternate excerpts calibrate / are held out)")
-    t.add_argument("--positions", type=int, default=2000, help="held-out positions (default 2000)")
-    t.add_argument("--calib-positions", type=int, default=2000, help="calibration positions (default 2000)")
-    t.add_argument("--max-len", type=int, default=256, help="tokens per sequence (default 256)")
+    t.add_argument("--prompts", default="humaneval", metavar="SET",
+                   help="calib split calibrates, test is held out (default humaneval)")
+    t.add_argument("--text", nargs="+", default=[], metavar="PATH",
+                   help="raw text instead (alternate excerpts calibrate / are held out)")
+    t.add_argument("--positions", type=int, default=2000, metavar="N", help="held-out positions (default 2000)")
+    t.add_argument("--calib-positions", type=int, default=2000, metavar="N",
+                   help="calibration positions (default 2000)")
+    t.add_argument("--max-len", type=int, default=256, metavar="N", help="tokens per sequence (default 256)")
     s = p.add_argument_group("samplers")
-    s.add_argument("--kept", type=float_list, default=[1, 2, 5, 10, 25, 50, 75, 100],
-                   help="kept sizes in %% of the drafter vocabulary (default 1,2,5,10,25,50,75,100)")
-    s.add_argument("--betas", type=float_list, default=[1, 1e3, 1e4, 1e5, 1e6, 1e7],
+    s.add_argument("--kept", type=float_list, default=[1, 2, 5, 10, 25, 50, 75, 100], metavar="LIST",
+                   help="kept sizes, %% of the drafter vocabulary (default 1,2,5,...,100)")
+    s.add_argument("--betas", type=float_list, default=[1, 1e3, 1e4, 1e5, 1e6, 1e7], metavar="LIST",
                    help="rdk-taylor strengths β (1 = Eq. 3 as printed; default 1,1e3,...,1e7)")
-    s.add_argument("--estimators", type=csv_list, default=["cooc", "cov"], help="M estimators: cooc, cov (calibrated), prefix, first (tokenizer structure; first = SLRS "
-                        "with one token of lookahead) (default cooc,cov)")
-    s.add_argument("--affinity-topk", type=int, default=32)
-    s.add_argument("--affinity-tau", type=float, default=0.1)
-    s.add_argument("--temperature", type=float, default=1.0)
-    s.add_argument("--gamma", type=int, default=4, help="draft length of the VocabTrim view (default 4)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--out", type=Path, required=True, metavar="OUT")
+    s.add_argument("--estimators", type=csv_list, default=["cooc", "cov"], metavar="LIST",
+                   help="M: cooc, cov (calibrated), prefix, first (default cooc,cov)")
+    s.add_argument("--affinity-topk", type=int, default=32, metavar="N", help="entries per row of M (default 32)")
+    s.add_argument("--affinity-tau", type=float, default=0.1, metavar="T",
+                   help="cov: temperature relative to each row's max (default 0.1)")
+    s.add_argument("--temperature", type=float, default=1.0, metavar="T", help="of p and q (default 1)")
+    s.add_argument("--gamma", type=int, default=4, metavar="N", help="draft length of the VocabTrim view (default 4)")
+    p.add_argument("--seed", type=int, default=0, metavar="N")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--out", type=Path, required=True, metavar="OUT", help="output directory")
+    add_help_all(p, ACCEPTANCE_EXPERT, usage="%(prog)s [--bundle DIR | --pair NAME]\n"
+                 "         [--prompts SET | --text PATH ...] --out OUT [options]", more=MORE_EXAMPLES)
     p.set_defaults(func=lambda args: run(args, command))
 
 
@@ -85,17 +95,19 @@ def run(args, command) -> int:
 
 
 RANDOMISED_EPILOG = """\
-outputs in OUT/: randomised.json (settings, per-a rows, per-prompt sums), randomised.csv, randomised.png
-(acceptance measured vs Lemma 4.1 against a; decode tokens/s against a). Method: docs/study-randomised.md.
+outputs in OUT/: randomised.json (settings, per-a rows, per-prompt sums),
+randomised.csv, randomised.png (acceptance measured vs Lemma 4.1 against a;
+decode tokens/s against a). Method: docs/study-randomised.md.
 
 examples:
-  edgespec study randomised --bundle bundles/qwen-coder-int4 --limit 8 --max-new-tokens 64 --out out/randomised
+  edgespec study randomised --bundle bundles/qwen-coder-int4 --limit 8 \\
+      --max-new-tokens 64 --out out/randomised
 """
 
 
 def register_randomised(sub, csv_list, float_list, command) -> None:
     p = sub.add_parser("randomised", help="randomised drafting: measured acceptance vs Lemma 4.1, tokens/s vs a",
-                       description="Per prompt: ar and tli with draft_probability=a for each a (same seed); "
+                       description="Per prompt: ar and tli with draft_probability=a for each a (same seed);\n"
                                    "teacher-forced p and q give Lemma 4.1's prediction (randomised-drafting paper).",
                        epilog=RANDOMISED_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bundle_and_prompts(p, "a same-tokenizer bundle")
@@ -130,20 +142,22 @@ def run_randomised_cli(args, command) -> int:
 
 
 SYNTHETIC_EPILOG = """\
-outputs in OUT/: synthetic.json (settings, target statistics, rows), synthetic.csv, synthetic.png (α against
-the kept tokens K, log x axis, with the paper's 26.7 %). Method and results: docs/study-synthetic.md.
+outputs in OUT/: synthetic.json (settings, target statistics, rows),
+synthetic.csv, synthetic.png (α against the kept tokens K, log x axis, with the
+paper's 26.7 %). Method and results: docs/study-synthetic.md.
 
 examples:
   edgespec study synthetic --out out/synthetic
-  edgespec study synthetic --vocab 20000 --kept 100,1000,20000 --positions 200 --noise 1 --out out/syn-small
+  edgespec study synthetic --vocab 20000 --kept 100,1000,20000 --positions 200 \\
+      --noise 1 --out out/syn-small
 """
 
 
 def register_synthetic(sub, csv_list, float_list, command) -> None:
     p = sub.add_parser("synthetic", help="RDK paper Fig. 7: acceptance under pruning on synthetic Student-t "
                                          "targets (no models)",
-                       description="Synthetic targets p = softmax(scale * t_df) over V tokens; the drafter q = p "
-                                   "(or a noisy copy) pruned to its K most frequent tokens; α = Σ min(p, d) of "
+                       description="Synthetic targets p = softmax(scale * t_df) over V tokens; the drafter q = p\n"
+                                   "(or a noisy copy) pruned to its K most frequent tokens; α = Σ min(p, d) of\n"
                                    "masked, TLI, rdk-taylor (Eq. 3) and rdk (Algorithm 1) at each K.",
                        epilog=SYNTHETIC_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, metavar="OUT", help="output directory")
