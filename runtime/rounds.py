@@ -23,10 +23,14 @@ import numpy as np
 
 from edgespec.errors import GenerationError
 from edgespec.runtime.context import DrafterContext, DrafterWindow
+from edgespec.runtime.grammar import GrammarState, mask_distribution, mask_logits, masked_greedy
 from edgespec.runtime.lookup import DEFAULT_MAX_N, lookup
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.verify import verify_greedy, verify_sampled
+
+
+MAX_FORCED = 16             # forced tokens drafted in one round (a wider verify forward costs more)
 
 
 def _nothing() -> None:
@@ -45,6 +49,7 @@ class Draft:
     keep: list[int] = field(default_factory=list)
     refeed: bool = False
     guess: bool = False                 # a plain step's free guess (plain_step), not the strategy's draft
+    forced: bool = False                # the grammar's forced tokens (forced_round), not the strategy's draft
     finish: Callable[[], None] = _nothing
 
     @property
@@ -63,7 +68,28 @@ def speculative_round(gen: "Generation", gamma: int, guess: bool = False) -> lis
         logits = gen.target.forward([gen.last, *draft.tokens], pad=bool(draft.tokens) or gen.config.plain_steps == "exact")
     finally:                            # never leave a drafter forward running behind us
         draft.finish()
+    if gen.grammar is not None:         # constrained decoding: verify against the constrained target
+        logits = _constrain(gen, logits, draft.tokens)
     n_acc, t = accept(gen, logits, draft)
+    commit(gen, draft, n_acc, t)
+    return [*draft.tokens[:n_acc], t]
+
+
+# --------------------------------------------------------------------------- constrained decoding (grammar.py)
+
+def _constrain(gen: "Generation", logits: np.ndarray, drafts: list[int]) -> np.ndarray:
+    """The verify rows with the grammar's forbidden tokens at -inf (row j: after drafts[:j])."""
+    return mask_logits(logits, gen.grammar.block_masks(drafts))
+
+
+def forced_round(gen: "Generation", forced: list[int]) -> list[int]:
+    """A round whose drafts are the tokens the grammar forces (jump-forward): no drafter forward, one
+    target forward over them, verified like any draft (one-hot q) against the constrained target, so
+    the output law is unchanged; a forced token the target tokenises otherwise is simply rejected."""
+    draft = lookup_draft(gen, forced)
+    draft.forced = True
+    logits = _constrain(gen, gen.target.forward([gen.last, *draft.tokens], pad=True), draft.tokens)
+    n_acc, t = accept_tokens(gen, logits, draft)
     commit(gen, draft, n_acc, t)
     return [*draft.tokens[:n_acc], t]
 
@@ -80,10 +106,18 @@ def draft_tokens(gen: "Generation", gamma: int) -> Draft:
         row = gen.draft_forward()
         if confidence and j > 0 and _top_probability(row) < confidence:
             break                          # a function of the drafts so far, not of a draw
-        x = gen.draft_greedy(row) if greedy else sample(gen.draft_q(row, gen.q_rows[j]), gen.rng, gen.work[1])
+        if greedy:
+            x = gen.draft_greedy(row)
+        else:
+            q = gen.draft_q(row, gen.q_rows[j])
+            x = None if q is None else sample(q, gen.rng, gen.work[1])
+        if x is None:                      # the grammar allows none of the drafter's tokens
+            break
         draft.tokens.append(x)
         draft.keep.append(len(dc.ids))
         dc.draft(x)
+        if gen.grammar is not None and not gen.grammar.draft(x):     # the end: drafting stops there
+            break
     draft.keep.append(len(dc.ids) if dc is not None else 0)
     draft.q = None if greedy else gen.q_rows[:len(draft.tokens)]
     return draft
@@ -141,7 +175,12 @@ def commit(gen: "Generation", draft: Draft, n_acc: int, t: int) -> None:
     committed tail)."""
     gen.target.crop(gen.target.length - (len(draft.tokens) - n_acc))
     gen.stats.record_verify(len(draft.tokens) + 1, gen.target.last_ms)
-    if draft.guess:                     # not the strategy's draft: booked apart (stats.py)
+    if gen.grammar is not None:
+        gen.grammar.commit(n_acc, t)
+    if draft.forced:
+        gen.stats.record_block(0, 0)
+        gen.stats.record_forced(len(draft.tokens), n_acc)
+    elif draft.guess:                     # not the strategy's draft: booked apart (stats.py)
         gen.stats.record_block(0, 0)
         gen.stats.record_guess(n_acc)
     else:
@@ -158,7 +197,8 @@ class Generation:
     strategy's per-generation state (`Strategy.start`)."""
 
     def __init__(self, dec, prompt_ids: list[int], params: SamplingParams, rng: np.random.Generator,
-                 max_new_tokens: int, generation_id: int, propose: Callable | None = None):
+                 max_new_tokens: int, generation_id: int, propose: Callable | None = None,
+                 grammar: GrammarState | None = None, jump_forward: bool = True):
         self.dec = dec                       # generation_id, governor_for, side_runner, prefix_cache
         self.config = cfg = dec.config
         self.strategy = cfg.strategy
@@ -188,6 +228,11 @@ class Generation:
                                      draft_length_setting=cfg.draft_length if cfg.gamma else 0,
                                      prompt_tokens=len(prompt_ids), providers=dec.providers)
         self.strategy_state = cfg.strategy.start(self) if cfg.strategy.start else None
+        self.grammar = grammar               # constrained decoding (grammar.py), or None
+        self.jump_forward = jump_forward and grammar is not None
+        if self.jump_forward and not params.greedy and len(self.q_rows) <= MAX_FORCED:   # room for forced drafts
+            v = self.q_rows.shape[1]
+            self.q_rows, self.p_rows = np.zeros((MAX_FORCED + 1, v)), np.zeros((MAX_FORCED + 1, v))
 
     def check_current(self) -> None:
         if self.id != self.dec.generation_id:
@@ -218,13 +263,21 @@ class Generation:
         logits = self.target.forward(self.prompt_ids[kept:], last=1, prefill_graph=on_twin)[-1]
         self.stats.prefill_ms += self.target.last_ms
         self.stats.target_forwards += 1
+        if self.grammar is not None:
+            logits = mask_logits(logits[None, :], [self.grammar.allowed()])[0]
         self.last = self.pick(logits)
+        if self.grammar is not None:
+            self.grammar.commit(0, self.last)
         if dc is not None:
             dc.sync(len(dc.ids), [self.last])
         return [self.last]
 
     def round(self) -> list[int]:
         self.check_current()
+        if self.jump_forward:
+            forced = self.grammar.forced(min(MAX_FORCED, self.max_new_tokens - len(self.generated) - 1))
+            if forced:
+                return forced_round(self, forced)
         gamma, st, strategy = self.draft_budget(), self.stats, self.strategy
         if gamma and self.strategy_state is not None:
             self.strategy_state.begin_round(self)
@@ -307,16 +360,20 @@ class Generation:
             st.draft_ms += ms
             st.draft_ms_steps.append(ms)
 
-    def draft_q(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """The strategy's draft distribution over target ids for one drafter row, written into `out`."""
+    def draft_q(self, row: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+        """The strategy's draft distribution over target ids for one drafter row, written into `out`
+        (under a grammar: restricted to the tokens it allows; None when it allows none of q's)."""
         t = time.perf_counter()
         q = self.strategy.distribution(self.prepared, row, self.params, out)
+        if self.grammar is not None:
+            q = mask_distribution(q, self.grammar.allowed())
         self.stats.sampler_ms += (time.perf_counter() - t) * 1e3
         return q
 
     def draft_greedy(self, row: np.ndarray) -> int:
         """The strategy's temperature-0 draft (a target id) for one drafter row."""
         t = time.perf_counter()
-        x = self.strategy.greedy(self.prepared, row)
+        x = self.strategy.greedy(self.prepared, row) if self.grammar is None else \
+            masked_greedy(self, row, self.grammar.allowed())
         self.stats.sampler_ms += (time.perf_counter() - t) * 1e3
         return x
