@@ -3,8 +3,8 @@
 `parse_chat(body, ...)` / `parse_completion(body, ...)` turn a decoded JSON body into a `Request`, or
 raise `APIError` (status, one-line message, the offending `param`) that the app sends in OpenAI's
 error shape: {"error": {"message", "type", "param", "code"}}. Every field the runtime cannot honour
-(n > 1, logprobs, tools, response_format other than text, penalties, ...) is refused by name, and so
-is any field this server does not know: nothing is ignored silently.
+(n > 1, logprobs, legacy functions, penalties, ...) is refused by name, and so is any field this server
+does not know: nothing is ignored silently. response_format, tools and tool messages: serve/tools.py.
 """
 from __future__ import annotations
 

@@ -112,20 +112,17 @@ def check_tool_choice(choice, tools: list[dict]) -> str:
 
 
 def check_message(m: dict, where: str) -> dict:
-    """A chat message with the tool keys (`tool_call_id` of a tool result, `tool_calls` of an assistant
-    turn, `name`) checked; the template gets `arguments` as an object."""
+    """The tool keys of a chat message (`tool_call_id` of a tool result, `tool_calls` of an assistant
+    turn) checked, any other key but role and content refused; the template gets `arguments` as an object."""
     role = m.get("role")
-    allowed = {"role", "content", "name"} | ({"tool_calls"} if role == "assistant" else set()) | \
+    allowed = {"role", "content"} | ({"tool_calls"} if role == "assistant" else set()) | \
         ({"tool_call_id"} if role == "tool" else set())
     for key in m:
         if key not in allowed:
-            raise APIError(400, f"'{where}.{key}' is not supported by this server for role {role!r}",
+            raise APIError(400, f"'{where}.{key}' is not supported by this server for role {role!r} (messages take "
+                           "'role' and 'content'; tool results 'tool_call_id', assistant turns 'tool_calls')",
                            param=f"{where}.{key}", code="unsupported_parameter")
     out = {"role": role}
-    if m.get("name") is not None:
-        if not isinstance(m["name"], str):
-            raise _bad(f"'{where}.name' must be a string", f"{where}.name")
-        out["name"] = m["name"]
     if role == "tool":
         if not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]:
             raise _bad(f"'{where}.tool_call_id' is required for role 'tool' (the id of the call it answers)",
