@@ -59,6 +59,8 @@ def constraint_from(response_format=None, json_schema=None, regex=None, grammar=
                             ("grammar", grammar)) if v is not None]
     if len(given) > 1:
         raise GenerationError(f"give one of response_format, json_schema, regex, grammar (got {', '.join(given)})")
+    if not given or response_format == {"type": "text"}:
+        return None                     # unconstrained: llguidance is not needed
     llg = _llguidance()
     M = llg.LLMatcher
     if response_format is not None:

@@ -85,3 +85,77 @@ def test_greedy_speculative_equals_constrained_ar(bundles, references, name, k):
                     assert r.text == ref.text and r.finish_reason == ref.finish_reason
                     if not jump:
                         assert r.stats.forced == 0
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(json_schema={"type": "object", "properties": {"a": {"type": "strin"}}}), "json schema"),
+    (dict(json_schema="{not json"), "json_schema is not valid JSON"),
+    (dict(json_schema=[1, 2]), "json_schema must be a JSON object"),
+    (dict(json_schema={"type": "string", "pattern": "[a-"}), "json schema"),
+    (dict(regex="[a-"), "regex is not supported or invalid"),
+    (dict(regex=5), "regex must be a string"),
+    (dict(grammar="start: foo"), "grammar is not supported or invalid"),
+    (dict(grammar=""), "grammar must be a non-empty"),
+    (dict(response_format={"type": "xml"}), "response_format.type must be one of"),
+    (dict(response_format="json"), "response_format must be an object"),
+    (dict(response_format={"type": "json_schema"}), "response_format.json_schema.schema is missing"),
+    (dict(regex="a", grammar='start: "a"'), "give one of"),
+])
+def test_bad_constraints_are_one_line_errors_before_any_model_runs(bundles, kwargs, match):
+    dec = SpeculativeDecoder(bundles["same"], strategy="tli", threads=1)
+    before = dec.generation_id
+    with pytest.raises(GenerationError, match=match) as e:
+        dec.generate("hello", max_new_tokens=4, **kwargs)
+    assert "\n" not in str(e.value)
+    with pytest.raises(GenerationError, match=match):
+        dec.stream("hello", max_new_tokens=4, **kwargs)          # checked at the call, not at the first next()
+    assert dec.generation_id == before                           # no generation started
+
+
+def test_without_llguidance_the_error_names_the_extra(bundles, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "llguidance", None)        # `import llguidance` raises ImportError
+    dec = SpeculativeDecoder(bundles["same"], strategy="ar", threads=1)
+    with pytest.raises(GenerationError, match=r"pip install 'edgespec\[grammar\]'"):
+        dec.generate("hello", max_new_tokens=4, regex="a+")
+    assert dec.generate("hello", max_new_tokens=4).stats.new_tokens == 4      # unconstrained still works
+
+
+def test_a_grammar_that_cannot_end_in_time_says_length(bundles):
+    dec = SpeculativeDecoder(bundles["self"], strategy="tli", draft_length=4, threads=1)
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 40}
+    r = dec.generate(PROMPTS[0], max_new_tokens=12, json_schema=schema)
+    assert r.finish_reason == "length" and r.stats.stop_reason == "length" and len(r.token_ids) == 12
+    with pytest.raises(ValueError):
+        json.loads(r.text)
+    assert re.fullmatch(r"\[(-?[0-9]+(, )?)*", r.text), r.text        # a valid prefix, not a complete answer
+
+
+@pytest.mark.parametrize("name", ["self", "hetero"])
+def test_stream_concatenates_to_the_constrained_text(bundles, references, name):
+    dec = SpeculativeDecoder(bundles[name], strategy="auto", draft_length=4, threads=1)
+    for c, kw in CONSTRAINTS.items():
+        text = "".join(dec.stream(PROMPTS[0], max_new_tokens=N, **kw))
+        assert text == references[name, c][0].text == dec.last_result.text
+        assert dec.last_result.token_ids == references[name, c][0].token_ids
+
+
+def test_sampled_outputs_obey_the_grammar(bundles):
+    dec = SpeculativeDecoder(bundles["same"], strategy="tli", draft_length=4, threads=1)
+    for seed in range(6):
+        for c, kw in CONSTRAINTS.items():
+            r = dec.generate(PROMPTS[1], max_new_tokens=N, temperature=1.0, top_k=50, seed=seed, **kw)
+            _valid_prefix(c, r.text, r.finish_reason == "stop")
+
+
+def test_forced_tokens_are_free_drafts(bundles):
+    """A schema whose keys and punctuation are forced: with jump_forward they are drafted without a
+    drafter forward and all kept; fewer target forwards for the same tokens."""
+    dec = SpeculativeDecoder(bundles["same"], strategy="tli", draft_length=1, threads=1)
+    on = dec.generate(PROMPTS[0], max_new_tokens=N, json_schema=SCHEMA)
+    off = dec.generate(PROMPTS[0], max_new_tokens=N, json_schema=SCHEMA, jump_forward=False)
+    assert on.token_ids == off.token_ids
+    st = on.stats
+    assert st.forced >= 8 and st.forced_accepted == st.forced and st.forced_rounds >= 2
+    assert st.verify_forwards < off.stats.verify_forwards
+    assert off.stats.forced == 0 and st.grammar_masks > 0 and st.grammar_ms > 0
