@@ -13,6 +13,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from edgespec.serve import tools
+from edgespec.serve.errors import APIError  # noqa: F401  (re-exported: protocol.APIError)
+
 MAX_STOP = 4          # as OpenAI: up to 4 stop sequences
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
@@ -33,23 +36,6 @@ CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"} | STRUCTURED_FIELD
     (set(_DEFAULT_ONLY) - {"echo", "best_of", "suffix"})
 COMPLETION_FIELDS = _COMMON | {"prompt", "n", "logprobs", "echo", "best_of", "suffix", "presence_penalty",
                                "frequency_penalty", "logit_bias"}
-
-
-class APIError(Exception):
-    """An HTTP error in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str | None = None, headers: dict | None = None):
-        super().__init__(" ".join(str(message).split()))
-        self.status, self.param, self.code, self.headers = status, param, code, headers or {}
-        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
-
-    @property
-    def message(self) -> str:
-        return str(self)
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -186,7 +172,6 @@ def parse_chat(body, model: str) -> Request:
         raise _bad(f"'messages' must be an array of message objects, got {type(msgs).__name__}", "messages")
     if not msgs:
         raise _bad("'messages' must not be empty", "messages")
-    from edgespec.serve import tools      # (tools.py imports this module)
     req = _common(body, model, "chat", [_message(m, i) for i, m in enumerate(msgs)])
     req.response_format = tools.check_response_format(body.get("response_format"))
     req.tools = tools.check_tools(body.get("tools"))
@@ -199,7 +184,6 @@ def parse_chat(body, model: str) -> Request:
 
 
 def _message(m, i: int) -> dict:
-    from edgespec.serve import tools      # (tools.py imports this module)
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise _bad(f"'{where}' must be an object with 'role' and 'content', got {type(m).__name__}", where)

@@ -22,7 +22,7 @@ import uuid
 from edgespec.errors import GenerationError
 from edgespec.runtime.chat import render_chat
 from edgespec.runtime.grammar import JSON_OPTIONS
-from edgespec.serve.protocol import APIError
+from edgespec.serve.errors import APIError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
