@@ -159,3 +159,14 @@ def test_forced_tokens_are_free_drafts(bundles):
     assert st.forced >= 8 and st.forced_accepted == st.forced and st.forced_rounds >= 2
     assert st.verify_forwards < off.stats.verify_forwards
     assert off.stats.forced == 0 and st.grammar_masks > 0 and st.grammar_ms > 0
+
+
+def test_prefix_reuse_across_constrained_chat_turns(bundles):
+    dec = SpeculativeDecoder(bundles["self"], strategy="auto", draft_length=4, threads=1)
+    turn = [{"role": "user", "content": "Give me a JSON object."}]
+    first = dec.generate(turn, max_new_tokens=N, chat=True, **CONSTRAINTS["schema"])
+    turn += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Another one."}]
+    second = dec.generate(turn, max_new_tokens=N, chat=True, **CONSTRAINTS["schema"])
+    assert second.stats.reused_tokens >= first.stats.prompt_tokens
+    cold = SpeculativeDecoder(bundles["self"], strategy="auto", draft_length=4, threads=1, prefix_reuse=False)
+    assert cold.generate(turn, max_new_tokens=N, chat=True, **CONSTRAINTS["schema"]).token_ids == second.token_ids
