@@ -33,7 +33,7 @@ from edgespec.runtime.config import DecodeConfig
 from edgespec.runtime.chat import as_messages, compile_template, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.governor import Governor
-from edgespec.runtime.grammar import GrammarTokenizer, constraint_from
+from edgespec.runtime.grammar import start_constraint
 from edgespec.runtime.kv import DeferredRunner, ModelRunner
 from edgespec.runtime.prefix import PrefixCache
 from edgespec.runtime.randomised import SideRunner, draft_randomised
@@ -291,9 +291,7 @@ class SpeculativeDecoder:
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = None,
                  chat: bool = False, **constraint) -> GenerationResult:
-        """`constraint` (structured output, docs/structured-output.md): one of response_format=,
-        json_schema=, regex=, grammar=, and jump_forward= (default True: the grammar's forced tokens are
-        free drafts)."""
+        """`constraint`: structured output (docs/structured-output.md), e.g. json_schema=..."""
         with self._shared.lock:      # calls on one decoder (and its variants) run one at a time
             for _ in self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=False,
                                **constraint):
@@ -326,16 +324,9 @@ class SpeculativeDecoder:
             with self._shared.lock:
                 run.close()
 
-    def grammar_state(self, response_format=None, json_schema=None, regex=None, grammar=None):
-        """A fresh matcher for one generation's constraint (None: unconstrained); the target's vocabulary
-        for the grammar engine is built at the first constrained call and shared by the variants."""
-        constraint = constraint_from(response_format, json_schema, regex, grammar)
-        if constraint is None:
-            return None
-        if self._shared.grammar_tokenizer is None:
-            b = self.bundle.target
-            self._shared.grammar_tokenizer = GrammarTokenizer(b.tokenizer, b.vocab_size, b.eos_ids)
-        return self._shared.grammar_tokenizer.start(constraint)
+    def grammar_state(self, **constraint):
+        """A fresh matcher for one generation's constraint, or None (grammar.start_constraint)."""
+        return start_constraint(self.bundle, self._shared, **constraint)
 
     # ------------------------------------------------------------------ the loop
     def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=True,
@@ -422,5 +413,5 @@ class _Shared:
         self.generation = 0
         self.prefix = PrefixCache()        # what the shared runners' KV holds (prefix reuse)
         self.side_runner: SideRunner | None = None
-        self.grammar_tokenizer = None      # grammar.GrammarTokenizer, built at the first constrained call
+        self.grammar_tokenizer = None      # grammar.start_constraint's, built at the first constrained call
         self.lock = threading.Lock()

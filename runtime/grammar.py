@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.errors import GenerationError
+from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.tli import tli_greedy
 
 # JSON separators of the generated text: one fixed way to write whitespace, so that keys, colons and
 # commas are forced tokens (free drafts) instead of choices; the spacing models write by habit
@@ -136,6 +138,20 @@ class GrammarTokenizer:
         return GrammarState(self, constraint)
 
 
+def start_constraint(bundle, holder, response_format=None, json_schema=None, regex=None,
+                     grammar=None) -> "GrammarState | None":
+    """A fresh matcher for one generation's constraint (None: unconstrained). The target's vocabulary
+    for llguidance is built at the first constrained call and kept in `holder.grammar_tokenizer`
+    (the decoder's state shared with its variants)."""
+    constraint = constraint_from(response_format, json_schema, regex, grammar)
+    if constraint is None:
+        return None
+    if holder.grammar_tokenizer is None:
+        t = bundle.target
+        holder.grammar_tokenizer = GrammarTokenizer(t.tokenizer, t.vocab_size, t.eos_ids)
+    return holder.grammar_tokenizer.start(constraint)
+
+
 class GrammarState:
     """One generation's matcher, in step with the rounds (module docstring)."""
 
@@ -227,14 +243,13 @@ def masked_greedy(gen, kept_logits: np.ndarray, allowed: np.ndarray) -> int | No
     drafter's candidates is allowed). TLI-style strategies take the best allowed kept column; the
     others the argmax of their q at temperature 1 over the allowed tokens."""
     state = gen.prepared
-    index_map = getattr(state, "index_map", None)
-    if index_map is not None and getattr(gen.strategy.greedy, "__name__", "") == "tli_greedy":
+    if gen.strategy.greedy is tli_greedy:          # tli, sd, ngram-tli: kept columns -> target ids
+        index_map = state.index_map
         ok = state.valid & allowed[np.maximum(index_map, 0)]
         if not ok.any():
             return None
         col = int(np.argmax(np.where(ok, kept_logits, -np.inf)))
         return int(index_map[col])
-    from edgespec.runtime.sampling import SamplingParams
     q = gen.strategy.distribution(state, kept_logits, SamplingParams(temperature=1.0), gen.work[0])
     return masked_argmax(q, allowed)
 

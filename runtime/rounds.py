@@ -49,7 +49,7 @@ class Draft:
     keep: list[int] = field(default_factory=list)
     refeed: bool = False
     guess: bool = False                 # a plain step's free guess (plain_step), not the strategy's draft
-    forced: bool = False                # the grammar's forced tokens (forced_round), not the strategy's draft
+    forced: int = 0                     # leading tokens the grammar forced (jump-forward), not the strategy's draft
     finish: Callable[[], None] = _nothing
 
     @property
@@ -60,7 +60,9 @@ class Draft:
 def speculative_round(gen: "Generation", gamma: int, guess: bool = False) -> list[int]:
     """One round; returns the committed target ids (accepted drafts + one target token). `guess`: a
     plain step (gamma = 0) may carry a prompt-lookup guess (plain_step)."""
-    if gamma > 0:
+    if gen.forced:                      # the grammar's forced tokens, then the drafter's (draft_tokens)
+        draft, accept = draft_tokens(gen, gamma), accept_tokens
+    elif gamma > 0:
         draft, accept = gen.propose(gen, gamma), gen.strategy.accept
     else:
         draft, accept = plain_step(gen, guess), accept_tokens
@@ -83,11 +85,13 @@ def _constrain(gen: "Generation", logits: np.ndarray, drafts: list[int]) -> np.n
 
 
 def forced_round(gen: "Generation", forced: list[int]) -> list[int]:
-    """A round whose drafts are the tokens the grammar forces (jump-forward): no drafter forward, one
-    target forward over them, verified like any draft (one-hot q) against the constrained target, so
-    the output law is unchanged; a forced token the target tokenises otherwise is simply rejected."""
+    """A round whose drafts are only the tokens the grammar forces (jump-forward), for strategies that
+    do not draft token by token from a drafter (ar, ngram, slem): no drafter forward, one target
+    forward over them, verified like any draft (one-hot q) against the constrained target, so the
+    output law is unchanged; a forced token the target tokenises otherwise is simply rejected. (A
+    token-level drafter drafts on after them in the same round: draft_tokens.)"""
     draft = lookup_draft(gen, forced)
-    draft.forced = True
+    draft.forced = len(forced)
     logits = _constrain(gen, gen.target.forward([gen.last, *draft.tokens], pad=True), draft.tokens)
     n_acc, t = accept_tokens(gen, logits, draft)
     commit(gen, draft, n_acc, t)
@@ -102,6 +106,17 @@ def draft_tokens(gen: "Generation", gamma: int) -> Draft:
     With draft_confidence, drafting stops where the drafter's top probability falls below it."""
     dc, confidence, greedy = gen.drafter_ctx, gen.config.draft_confidence, gen.params.greedy
     draft = Draft()
+    forced, gen.forced = gen.forced, []
+    for x in forced:                   # the grammar's forced tokens first: free drafts, one-hot q
+        draft.tokens.append(x)
+        draft.keep.append(len(dc.ids))
+        dc.draft(x)
+        gen.grammar.draft(x)
+        if not greedy:
+            gen.q_rows[len(draft.tokens) - 1].fill(0.0)
+            gen.q_rows[len(draft.tokens) - 1, x] = 1.0
+    draft.forced = len(forced)
+    gamma = min(gamma, gen.max_new_tokens - len(gen.generated) - 1 - len(forced)) if forced else gamma
     for j in range(gamma):
         row = gen.draft_forward()
         if confidence and j > 0 and _top_probability(row) < confidence:
@@ -109,7 +124,7 @@ def draft_tokens(gen: "Generation", gamma: int) -> Draft:
         if greedy:
             x = gen.draft_greedy(row)
         else:
-            q = gen.draft_q(row, gen.q_rows[j])
+            q = gen.draft_q(row, gen.q_rows[len(draft.tokens)])
             x = None if q is None else sample(q, gen.rng, gen.work[1])
         if x is None:                      # the grammar allows none of the drafter's tokens
             break
@@ -177,14 +192,13 @@ def commit(gen: "Generation", draft: Draft, n_acc: int, t: int) -> None:
     gen.stats.record_verify(len(draft.tokens) + 1, gen.target.last_ms)
     if gen.grammar is not None:
         gen.grammar.commit(n_acc, t)
-    if draft.forced:
-        gen.stats.record_block(0, 0)
-        gen.stats.record_forced(len(draft.tokens), n_acc)
-    elif draft.guess:                     # not the strategy's draft: booked apart (stats.py)
+    if draft.forced:                    # the grammar's forced tokens: booked apart (stats.py)
+        gen.stats.record_forced(draft.forced, min(n_acc, draft.forced))
+    if draft.guess:                     # not the strategy's draft: booked apart (stats.py)
         gen.stats.record_block(0, 0)
         gen.stats.record_guess(n_acc)
-    else:
-        gen.stats.record_block(len(draft.tokens), n_acc)
+    else:                               # the strategy's drafts, after any forced ones
+        gen.stats.record_block(len(draft.tokens) - draft.forced, max(0, n_acc - draft.forced))
     gen.last = t
     if gen.drafter_ctx is not None:
         gen.drafter_ctx.sync(draft.keep[n_acc], [*draft.tokens[:n_acc], t] if draft.refeed else [t])
@@ -230,9 +244,13 @@ class Generation:
         self.strategy_state = cfg.strategy.start(self) if cfg.strategy.start else None
         self.grammar = grammar               # constrained decoding (grammar.py), or None
         self.jump_forward = jump_forward and grammar is not None
-        if self.jump_forward and not params.greedy and len(self.q_rows) <= MAX_FORCED:   # room for forced drafts
-            v = self.q_rows.shape[1]
-            self.q_rows, self.p_rows = np.zeros((MAX_FORCED + 1, v)), np.zeros((MAX_FORCED + 1, v))
+        self.forced: list[int] = []          # this round's forced tokens, before the drafter's drafts
+        # a token-level drafter drafts on after the forced tokens in the same round; others get rounds of
+        # forced tokens alone (forced_round)
+        self.drafts_on_forced = self.drafter_ctx is not None and cfg.strategy.distribution is not None
+        if self.jump_forward and not params.greedy:                   # room for forced + drafted rows
+            rows, v = MAX_FORCED + cfg.gamma + 1, self.q_rows.shape[1]
+            self.q_rows, self.p_rows = np.zeros((rows, v)), np.zeros((rows, v))
 
     def check_current(self) -> None:
         if self.id != self.dec.generation_id:
@@ -274,10 +292,11 @@ class Generation:
 
     def round(self) -> list[int]:
         self.check_current()
-        if self.jump_forward:
+        if self.jump_forward:           # the grammar's forced tokens: free drafts (grammar.py)
             forced = self.grammar.forced(min(MAX_FORCED, self.max_new_tokens - len(self.generated) - 1))
-            if forced:
+            if forced and not self.drafts_on_forced:
                 return forced_round(self, forced)
+            self.forced = forced        # draft_tokens drafts them first, the drafter after them
         gamma, st, strategy = self.draft_budget(), self.stats, self.strategy
         if gamma and self.strategy_state is not None:
             self.strategy_state.begin_round(self)
