@@ -111,11 +111,13 @@ def draft_tokens(gen: "Generation", gamma: int) -> Draft:
         draft.tokens.append(x)
         draft.keep.append(len(dc.ids))
         dc.draft(x)
-        gen.grammar.draft(x)
         if not greedy:
             gen.q_rows[len(draft.tokens) - 1].fill(0.0)
             gen.q_rows[len(draft.tokens) - 1, x] = 1.0
-    draft.forced = len(forced)
+        if not gen.grammar.draft(x):    # (never: llguidance forces allowed tokens) no drafts after it
+            gamma = 0
+            break
+    draft.forced = len(draft.tokens)
     gamma = min(gamma, gen.max_new_tokens - len(gen.generated) - 1 - len(forced)) if forced else gamma
     for j in range(gamma):
         row = gen.draft_forward()
