@@ -267,6 +267,8 @@ class ToolCallStream:
         out = []
         while True:
             if self.state == "start":
+                if self.called:                   # the "\n" between two calls
+                    self.buf = self.buf.lstrip("\n")
                 if not self.buf:
                     return out
                 if self.buf[0] != "<":
@@ -298,7 +300,7 @@ class ToolCallStream:
                 if end < 0:
                     self.buf = self.buf[len(ready):]
                     return out
-                self.buf = self.buf[end + len(self.TAIL):].lstrip("\n")
+                self.buf = self.buf[end + len(self.TAIL):]
                 self.state = "start"
 
     def finish(self) -> list[dict]:
