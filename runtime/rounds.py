@@ -118,7 +118,8 @@ def draft_tokens(gen: "Generation", gamma: int) -> Draft:
             gamma = 0
             break
     draft.forced = len(draft.tokens)
-    gamma = min(gamma, gen.max_new_tokens - len(gen.generated) - 1 - len(forced)) if forced else gamma
+    if forced:                         # forced tokens count against the draft length: the drafter fills the rest
+        gamma = max(0, min(gamma - len(forced), gen.max_new_tokens - len(gen.generated) - 1 - len(forced)))
     for j in range(gamma):
         row = gen.draft_forward()
         if confidence and j > 0 and _top_probability(row) < confidence:
