@@ -53,14 +53,15 @@ def as_messages(prompt) -> list[dict]:
 
 
 def render_chat(template: str | None, messages: list[dict], bos_token: str = "", eos_token: str = "",
-                add_generation_prompt: bool = True) -> str:
+                add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    """The prompt text; `tools` (OpenAI function tools) go to the template's `tools` variable."""
     if not template:
         raise GenerationError("chat=True, but this bundle has no chat template")
     from jinja2.exceptions import TemplateError
 
     try:
         return compile_template(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                                         add_generation_prompt=add_generation_prompt)
+                                         add_generation_prompt=add_generation_prompt, tools=tools)
     except (TemplateError, OverflowError, ArithmeticError, TypeError, ValueError, LookupError, RecursionError) as exc:
         raise GenerationError(f"chat template failed to render: {type(exc).__name__}: "
                               f"{' '.join(str(exc).split())[:200]}") from exc

@@ -33,6 +33,7 @@ from edgespec.runtime.config import SESSION_OPTIONS, DecodeConfig, check_decoder
 from edgespec.runtime.chat import as_messages, compile_template, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.governor import Governor
+from edgespec.runtime.grammar import start_constraint
 from edgespec.runtime.kv import DeferredRunner, ModelRunner
 from edgespec.runtime.prefix import PrefixCache
 from edgespec.runtime.randomised import SideRunner, draft_randomised
@@ -50,6 +51,12 @@ class GenerationResult:
     token_ids: list[int]
     stats: GenerationStats
     prompt_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's word: "stop" (EOS or a stop string: under a grammar, the output is complete) or
+        "length" (max_new_tokens, or an interrupted stream)."""
+        return "stop" if self.stats.stop_reason in ("eos", "stop") else "length"
 
 
 class SpeculativeDecoder:
@@ -278,19 +285,21 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ public API
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = None,
-                 chat: bool = False) -> GenerationResult:
+                 chat: bool = False, **constraint) -> GenerationResult:
+        """`constraint`: structured output (docs/structured-output.md), e.g. json_schema=..."""
         with self._shared.lock:      # calls on one decoder (and its variants) run one at a time
-            for _ in self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=False):
+            for _ in self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=False,
+                               **constraint):
                 pass
             return self.last_result
 
     def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = None,
-               chat: bool = False) -> Iterator[str]:
+               chat: bool = False, **constraint) -> Iterator[str]:
         """Text deltas (each a valid str; their concatenation is the result's text). The full result,
         stats included, is in `self.last_result` once the generator ends or is closed. Arguments are
         checked when this is called, not at the first `next()`."""
-        run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat)
+        run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, **constraint)
         with self._shared.lock:
             next(run)  # runs the argument checks now; the first yield carries no text
         return self._locked(run)
@@ -310,12 +319,18 @@ class SpeculativeDecoder:
             with self._shared.lock:
                 run.close()
 
+    def grammar_state(self, **constraint):
+        """A fresh matcher for one generation's constraint, or None (grammar.start_constraint)."""
+        return start_constraint(self.bundle, self._shared, **constraint)
+
     # ------------------------------------------------------------------ the loop
-    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=True):
+    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=True,
+             jump_forward: bool = True, **constraint):
         """The generator behind generate() and stream(). With incremental=False (generate without stop
         strings) the text is decoded once at the end instead of after every round."""
         t_start = time.perf_counter()
         params, stops = check_generation_args(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        grammar = self.grammar_state(**constraint)       # a bad constraint fails here, before any model runs
         prompt_ids = self.encode_prompt(prompt, chat)
         limit = self.target.max_position
         if limit and len(prompt_ids) + max_new_tokens > limit:
@@ -323,9 +338,11 @@ class SpeculativeDecoder:
                                   f"target's context length {limit}")
         dec = self._resolved(params.greedy)
         self._shared.generation += 1
-        randomised = dec.config.draft_probability is not None and not params.greedy
+        # randomised drafting's no-draft rows are not masked by a grammar: constrained, it drafts as TLI
+        randomised = dec.config.draft_probability is not None and not params.greedy and grammar is None
         gen = Generation(dec, prompt_ids, params, make_rng(seed), int(max_new_tokens), self._shared.generation,
-                         propose=draft_randomised if randomised else None)
+                         propose=draft_randomised if randomised else None, grammar=grammar,
+                         jump_forward=bool(jump_forward))
         self._last_generation = gen          # for debugging and the profiler
         gen.stats.fallbacks = [i.fallback for i in (self.target_session_info, self.drafter_session_info)
                                if i is not None and i.fallback]
@@ -359,6 +376,8 @@ class SpeculativeDecoder:
             st.stop_reason = reason or "interrupted"
             if dec.governor is not None and st.gamma_per_step:
                 st.draft_length = float(np.mean(st.gamma_per_step))
+            if grammar is not None:
+                st.grammar_ms, st.grammar_masks = grammar.mask_ms, grammar.mask_count
             dc = gen.drafter_ctx
             st.drafter_resyncs = dc.text.resyncs if dc is not None else 0
             st.draft_refills = dc.window.refills if dc is not None else 0
@@ -389,4 +408,5 @@ class _Shared:
         self.generation = 0
         self.prefix = PrefixCache()        # what the shared runners' KV holds (prefix reuse)
         self.side_runner: SideRunner | None = None
+        self.grammar_tokenizer = None      # grammar.start_constraint's, built at the first constrained call
         self.lock = threading.Lock()

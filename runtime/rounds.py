@@ -23,10 +23,14 @@ import numpy as np
 
 from edgespec.errors import GenerationError
 from edgespec.runtime.context import DrafterContext, DrafterWindow
+from edgespec.runtime.grammar import GrammarState, mask_distribution, mask_logits, masked_greedy
 from edgespec.runtime.lookup import DEFAULT_MAX_N, lookup
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.verify import verify_greedy, verify_sampled
+
+
+MAX_FORCED = 16             # forced tokens drafted in one round (a wider verify forward costs more)
 
 
 def _nothing() -> None:
@@ -45,6 +49,7 @@ class Draft:
     keep: list[int] = field(default_factory=list)
     refeed: bool = False
     guess: bool = False                 # a plain step's free guess (plain_step), not the strategy's draft
+    forced: int = 0                     # leading tokens the grammar forced (jump-forward), not the strategy's draft
     finish: Callable[[], None] = _nothing
 
     @property
@@ -55,7 +60,9 @@ class Draft:
 def speculative_round(gen: "Generation", gamma: int, guess: bool = False) -> list[int]:
     """One round; returns the committed target ids (accepted drafts + one target token). `guess`: a
     plain step (gamma = 0) may carry a prompt-lookup guess (plain_step)."""
-    if gamma > 0:
+    if gen.forced:                      # the grammar's forced tokens, then the drafter's (draft_tokens)
+        draft, accept = draft_tokens(gen, gamma), accept_tokens
+    elif gamma > 0:
         draft, accept = gen.propose(gen, gamma), gen.strategy.accept
     else:
         draft, accept = plain_step(gen, guess), accept_tokens
@@ -63,7 +70,30 @@ def speculative_round(gen: "Generation", gamma: int, guess: bool = False) -> lis
         logits = gen.target.forward([gen.last, *draft.tokens], pad=bool(draft.tokens) or gen.config.plain_steps == "exact")
     finally:                            # never leave a drafter forward running behind us
         draft.finish()
+    if gen.grammar is not None:         # constrained decoding: verify against the constrained target
+        logits = _constrain(gen, logits, draft.tokens)
     n_acc, t = accept(gen, logits, draft)
+    commit(gen, draft, n_acc, t)
+    return [*draft.tokens[:n_acc], t]
+
+
+# --------------------------------------------------------------------------- constrained decoding (grammar.py)
+
+def _constrain(gen: "Generation", logits: np.ndarray, drafts: list[int]) -> np.ndarray:
+    """The verify rows with the grammar's forbidden tokens at -inf (row j: after drafts[:j])."""
+    return mask_logits(logits, gen.grammar.block_masks(drafts))
+
+
+def forced_round(gen: "Generation", forced: list[int]) -> list[int]:
+    """A round whose drafts are only the tokens the grammar forces (jump-forward), for strategies that
+    do not draft token by token from a drafter (ar, ngram, slem): no drafter forward, one target
+    forward over them, verified like any draft (one-hot q) against the constrained target, so the
+    output law is unchanged; a forced token the target tokenises otherwise is simply rejected. (A
+    token-level drafter drafts on after them in the same round: draft_tokens.)"""
+    draft = lookup_draft(gen, forced)
+    draft.forced = len(forced)
+    logits = _constrain(gen, gen.target.forward([gen.last, *draft.tokens], pad=True), draft.tokens)
+    n_acc, t = accept_tokens(gen, logits, draft)
     commit(gen, draft, n_acc, t)
     return [*draft.tokens[:n_acc], t]
 
@@ -76,14 +106,36 @@ def draft_tokens(gen: "Generation", gamma: int) -> Draft:
     With draft_confidence, drafting stops where the drafter's top probability falls below it."""
     dc, confidence, greedy = gen.drafter_ctx, gen.config.draft_confidence, gen.params.greedy
     draft = Draft()
+    forced, gen.forced = gen.forced, []
+    for x in forced:                   # the grammar's forced tokens first: free drafts, one-hot q
+        draft.tokens.append(x)
+        draft.keep.append(len(dc.ids))
+        dc.draft(x)
+        if not greedy:
+            gen.q_rows[len(draft.tokens) - 1].fill(0.0)
+            gen.q_rows[len(draft.tokens) - 1, x] = 1.0
+        if not gen.grammar.draft(x):    # (never: llguidance forces allowed tokens) no drafts after it
+            gamma = 0
+            break
+    draft.forced = len(draft.tokens)
+    if forced:                         # forced tokens count against the draft length: the drafter fills the rest
+        gamma = max(0, min(gamma - len(forced), gen.max_new_tokens - len(gen.generated) - 1 - len(forced)))
     for j in range(gamma):
         row = gen.draft_forward()
         if confidence and j > 0 and _top_probability(row) < confidence:
             break                          # a function of the drafts so far, not of a draw
-        x = gen.draft_greedy(row) if greedy else sample(gen.draft_q(row, gen.q_rows[j]), gen.rng, gen.work[1])
+        if greedy:
+            x = gen.draft_greedy(row)
+        else:
+            q = gen.draft_q(row, gen.q_rows[len(draft.tokens)])
+            x = None if q is None else sample(q, gen.rng, gen.work[1])
+        if x is None:                      # the grammar allows none of the drafter's tokens
+            break
         draft.tokens.append(x)
         draft.keep.append(len(dc.ids))
         dc.draft(x)
+        if gen.grammar is not None and not gen.grammar.draft(x):     # the end: drafting stops there
+            break
     draft.keep.append(len(dc.ids) if dc is not None else 0)
     draft.q = None if greedy else gen.q_rows[:len(draft.tokens)]
     return draft
@@ -141,11 +193,15 @@ def commit(gen: "Generation", draft: Draft, n_acc: int, t: int) -> None:
     committed tail)."""
     gen.target.crop(gen.target.length - (len(draft.tokens) - n_acc))
     gen.stats.record_verify(len(draft.tokens) + 1, gen.target.last_ms)
+    if gen.grammar is not None:
+        gen.grammar.commit(n_acc, t)
+    if draft.forced:                    # the grammar's forced tokens: booked apart (stats.py)
+        gen.stats.record_forced(draft.forced, min(n_acc, draft.forced))
     if draft.guess:                     # not the strategy's draft: booked apart (stats.py)
         gen.stats.record_block(0, 0)
         gen.stats.record_guess(n_acc)
-    else:
-        gen.stats.record_block(len(draft.tokens), n_acc)
+    else:                               # the strategy's drafts, after any forced ones
+        gen.stats.record_block(len(draft.tokens) - draft.forced, max(0, n_acc - draft.forced))
     gen.last = t
     if gen.drafter_ctx is not None:
         gen.drafter_ctx.sync(draft.keep[n_acc], [*draft.tokens[:n_acc], t] if draft.refeed else [t])
@@ -158,7 +214,8 @@ class Generation:
     strategy's per-generation state (`Strategy.start`)."""
 
     def __init__(self, dec, prompt_ids: list[int], params: SamplingParams, rng: np.random.Generator,
-                 max_new_tokens: int, generation_id: int, propose: Callable | None = None):
+                 max_new_tokens: int, generation_id: int, propose: Callable | None = None,
+                 grammar: GrammarState | None = None, jump_forward: bool = True):
         self.dec = dec                       # generation_id, governor_for, side_runner, prefix_cache
         self.config = cfg = dec.config
         self.strategy = cfg.strategy
@@ -188,6 +245,15 @@ class Generation:
                                      draft_length_setting=cfg.draft_length if cfg.gamma else 0,
                                      prompt_tokens=len(prompt_ids), providers=dec.providers)
         self.strategy_state = cfg.strategy.start(self) if cfg.strategy.start else None
+        self.grammar = grammar               # constrained decoding (grammar.py), or None
+        self.jump_forward = jump_forward and grammar is not None
+        self.forced: list[int] = []          # this round's forced tokens, before the drafter's drafts
+        # a token-level drafter drafts on after the forced tokens in the same round; others get rounds of
+        # forced tokens alone (forced_round)
+        self.drafts_on_forced = self.drafter_ctx is not None and cfg.strategy.distribution is not None
+        if self.jump_forward and not params.greedy:                   # room for forced + drafted rows
+            rows, v = MAX_FORCED + cfg.gamma + 1, self.q_rows.shape[1]
+            self.q_rows, self.p_rows = np.zeros((rows, v)), np.zeros((rows, v))
 
     def check_current(self) -> None:
         if self.id != self.dec.generation_id:
@@ -218,13 +284,22 @@ class Generation:
         logits = self.target.forward(self.prompt_ids[kept:], last=1, prefill_graph=on_twin)[-1]
         self.stats.prefill_ms += self.target.last_ms
         self.stats.target_forwards += 1
+        if self.grammar is not None:
+            logits = mask_logits(logits[None, :], [self.grammar.allowed()])[0]
         self.last = self.pick(logits)
+        if self.grammar is not None:
+            self.grammar.commit(0, self.last)
         if dc is not None:
             dc.sync(len(dc.ids), [self.last])
         return [self.last]
 
     def round(self) -> list[int]:
         self.check_current()
+        if self.jump_forward:           # the grammar's forced tokens: free drafts (grammar.py)
+            forced = self.grammar.forced(min(MAX_FORCED, self.max_new_tokens - len(self.generated) - 1))
+            if forced and not self.drafts_on_forced:
+                return forced_round(self, forced)
+            self.forced = forced        # draft_tokens drafts them first, the drafter after them
         gamma, st, strategy = self.draft_budget(), self.stats, self.strategy
         if gamma and self.strategy_state is not None:
             self.strategy_state.begin_round(self)
@@ -307,16 +382,20 @@ class Generation:
             st.draft_ms += ms
             st.draft_ms_steps.append(ms)
 
-    def draft_q(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """The strategy's draft distribution over target ids for one drafter row, written into `out`."""
+    def draft_q(self, row: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+        """The strategy's draft distribution over target ids for one drafter row, written into `out`
+        (under a grammar: restricted to the tokens it allows; None when it allows none of q's)."""
         t = time.perf_counter()
         q = self.strategy.distribution(self.prepared, row, self.params, out)
+        if self.grammar is not None:
+            q = mask_distribution(q, self.grammar.allowed())
         self.stats.sampler_ms += (time.perf_counter() - t) * 1e3
         return q
 
     def draft_greedy(self, row: np.ndarray) -> int:
         """The strategy's temperature-0 draft (a target id) for one drafter row."""
         t = time.perf_counter()
-        x = self.strategy.greedy(self.prepared, row)
+        x = self.strategy.greedy(self.prepared, row) if self.grammar is None else \
+            masked_greedy(self, row, self.grammar.allowed())
         self.stats.sampler_ms += (time.perf_counter() - t) * 1e3
         return x

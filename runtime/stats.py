@@ -17,6 +17,11 @@ Counts
 - `guesses`, `guesses_accepted`: plain steps (gamma = 0) of a speculative strategy that carried a
   prompt-lookup guess (rounds.plain_step, `plain_guess`), and how many the target kept. Not in `drafted`/`accepted` (the strategy's own drafts) nor in the per-step lists (0 there);
   a kept guess is a committed token, so it is in `tau`.
+- `forced`, `forced_accepted`, `forced_rounds`: constrained decoding (runtime/grammar.py): tokens the
+  grammar forced, drafted for free (rounds.forced_round: no drafter forward), how many the target kept,
+  and the rounds that drafted them. Not in `drafted`/`accepted` (0 in the per-step lists); kept ones
+  are in `tau`. `grammar_ms`: computing the grammar's token masks (part of `overhead_ms`), `grammar_masks`
+  how many.
 - `drafter_resyncs`: times the drafter context had to be rebuilt by re-tokenising committed text
   (a target token with no drafter counterpart); mapping through target->drafter does not count.
 - `drafter_fallback_steps`: verify forwards run with no drafts because the drafter's own context
@@ -106,6 +111,11 @@ class GenerationStats:
     accepted: int = 0
     guesses: int = 0
     guesses_accepted: int = 0
+    forced: int = 0
+    forced_accepted: int = 0
+    forced_rounds: int = 0
+    grammar_ms: float = 0.0
+    grammar_masks: int = 0
     drafter_resyncs: int = 0
     drafter_fallback_steps: int = 0
     slem_realignments: int = 0
@@ -188,6 +198,12 @@ class GenerationStats:
         """Book a plain step's guess (rounds.plain_step): kept (1) or not (0)."""
         self.guesses += 1
         self.guesses_accepted += accepted
+
+    def record_forced(self, drafted: int, accepted: int) -> None:
+        """Book a round of the grammar's forced tokens (rounds.forced_round)."""
+        self.forced_rounds += 1
+        self.forced += drafted
+        self.forced_accepted += accepted
 
     def record_verify(self, k: int, ms: float) -> None:
         self.verify_forwards += 1

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from edgespec.errors import EdgespecError
-from edgespec.serve import protocol
+from edgespec.serve import protocol, tools
 from edgespec.serve.protocol import APIError
 from edgespec.serve.worker import Job, Outcome, Worker
 
@@ -70,15 +70,15 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
         except (ValueError, UnicodeDecodeError) as exc:
             raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
 
-    def encode(req: protocol.Request) -> list[int]:
+    def encode(req: protocol.Request) -> tuple[list[int], dict | None]:
+        """The prompt's ids and the generation's constraint (structured output, tools: serve/tools.py)."""
         if req.kind == "chat":
             if not dec.bundle.chat_template:
                 raise APIError(400, f"the bundle behind '{settings.model}' has no chat template: use /v1/completions",
                                param="messages")
-            ids = dec.encode_prompt(req.prompt, chat=True)
-        else:
-            ids = dec.encode_prompt(req.prompt)
-        return ids
+            ids = tools.encode_chat(dec, req.prompt, req.tools) if req.tools else dec.encode_prompt(req.prompt, chat=True)
+            return ids, tools.constraint(dec, req)
+        return dec.encode_prompt(req.prompt), None
 
     def budget(req: protocol.Request, n_prompt: int) -> int:
         room = (context - n_prompt) if context else None
@@ -116,12 +116,12 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
             body = await read_json(request)
             req = (protocol.parse_chat if kind == "chat" else protocol.parse_completion)(body, settings.model)
             try:
-                ids = await run_in_threadpool(encode, req)
+                ids, constraint = await run_in_threadpool(encode, req)
             except EdgespecError as exc:
                 raise APIError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
             n = budget(req, len(ids))
             job = Job(ids, dict(max_new_tokens=n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                                seed=req.seed, stop=req.stop or None),
+                                seed=req.seed, stop=req.stop or None, **(constraint or {})),
                       time.monotonic() + settings.timeout, asyncio.get_running_loop(), deltas=req.stream)
             worker.submit(job)
         except APIError as err:
@@ -145,9 +145,18 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
             return StreamingResponse(sse(job, req, rid), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         out: Outcome = event[1]
-        return JSONResponse(protocol.full_body(req, rid, settings.model, out.text,
-                                               protocol.finish_reason(out.stop_reason),
-                                               protocol.usage(out.prompt_tokens, out.completion_tokens), out.ext))
+        body = protocol.full_body(req, rid, settings.model, out.text, protocol.finish_reason(out.stop_reason),
+                                  protocol.usage(out.prompt_tokens, out.completion_tokens), out.ext)
+        if calling(req):
+            choice = body["choices"][0]
+            content, calls = tools.parse_tool_calls(out.text)
+            if calls and choice["finish_reason"] == "stop":
+                choice["message"].update(content=content, tool_calls=calls)
+                choice["finish_reason"] = "tool_calls"
+        return JSONResponse(body)
+
+    def calling(req: protocol.Request) -> bool:
+        return req.kind == "chat" and bool(req.tools) and req.tool_choice != "none"
 
     async def sse(job: Job, req: protocol.Request, rid: str):
         created = int(time.time())
@@ -155,20 +164,34 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
         def data(obj) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+        def deltas(pieces):             # tool calls: serve/tools.ToolCallStream's delta objects
+            for piece in pieces:
+                chunk = protocol.chunk_body(req, rid, settings.model, created, None)
+                chunk["choices"][0]["delta"] = piece
+                yield data(chunk)
+
+        calls = tools.ToolCallStream() if calling(req) else None
         try:
             if req.kind == "chat":
                 yield data(protocol.chunk_body(req, rid, settings.model, created, None, first=True))
             while True:
                 kind, payload = await job.events.get()
-                if kind == "delta":
+                if kind == "delta" and calls is not None:
+                    for line in deltas(calls.feed(payload)):
+                        yield line
+                elif kind == "delta":
                     yield data(protocol.chunk_body(req, rid, settings.model, created, payload))
                 elif kind == "error":
                     yield data(payload.body())
                     break
                 elif kind == "done":
                     out: Outcome = payload
-                    last = protocol.chunk_body(req, rid, settings.model, created, None,
-                                               protocol.finish_reason(out.stop_reason))
+                    reason = protocol.finish_reason(out.stop_reason)
+                    if calls is not None:
+                        for line in deltas(calls.finish()):
+                            yield line
+                        reason = "tool_calls" if calls.called and reason == "stop" else reason
+                    last = protocol.chunk_body(req, rid, settings.model, created, None, reason)
                     last["edgespec"] = out.ext
                     yield data(last)
                     if req.include_usage:

@@ -3,8 +3,8 @@
 `parse_chat(body, ...)` / `parse_completion(body, ...)` turn a decoded JSON body into a `Request`, or
 raise `APIError` (status, one-line message, the offending `param`) that the app sends in OpenAI's
 error shape: {"error": {"message", "type", "param", "code"}}. Every field the runtime cannot honour
-(n > 1, logprobs, tools, response_format other than text, penalties, ...) is refused by name, and so
-is any field this server does not know: nothing is ignored silently.
+(n > 1, logprobs, legacy functions, penalties, ...) is refused by name, and so is any field this server
+does not know: nothing is ignored silently. response_format, tools and tool messages: serve/tools.py.
 """
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from edgespec.serve import tools
+from edgespec.serve.errors import APIError  # noqa: F401  (re-exported: protocol.APIError)
+
 MAX_STOP = 4          # as OpenAI: up to 4 stop sequences
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 # Fields a client may send whose only honourable values are these (OpenAI's defaults).
 _DEFAULT_ONLY = {
-    "n": (1,), "logprobs": (False, None), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
-    "tool_choice": (None, "none"), "function_call": (None, "none"), "parallel_tool_calls": (None,),
-    "response_format": (None, {"type": "text"}), "presence_penalty": (None, 0, 0.0),
+    "n": (1,), "logprobs": (False, None), "top_logprobs": (None, 0), "functions": (None, []),
+    "function_call": (None, "none"), "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "store": (None, False),
     "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
     "web_search_options": (None,), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
@@ -28,26 +30,12 @@ _DEFAULT_ONLY = {
 }
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
            "user", "metadata"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"} | (set(_DEFAULT_ONLY) - {"echo", "best_of", "suffix"})
+# structured output and tools: serve/tools.py
+STRUCTURED_FIELDS = {"response_format", "tools", "tool_choice", "parallel_tool_calls"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"} | STRUCTURED_FIELDS | \
+    (set(_DEFAULT_ONLY) - {"echo", "best_of", "suffix"})
 COMPLETION_FIELDS = _COMMON | {"prompt", "n", "logprobs", "echo", "best_of", "suffix", "presence_penalty",
                                "frequency_penalty", "logit_bias"}
-
-
-class APIError(Exception):
-    """An HTTP error in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str | None = None, headers: dict | None = None):
-        super().__init__(" ".join(str(message).split()))
-        self.status, self.param, self.code, self.headers = status, param, code, headers or {}
-        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
-
-    @property
-    def message(self) -> str:
-        return str(self)
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -62,6 +50,10 @@ class Request:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    response_format: dict | None = None   # a generate() constraint (serve/tools.py)
+    tools: list = field(default_factory=list)
+    tool_choice: str = "none"             # auto | none | required | a function's name
+    parallel_tool_calls: bool = True
 
 
 def _bad(message: str, param: str, code: str | None = None) -> APIError:
@@ -180,21 +172,28 @@ def parse_chat(body, model: str) -> Request:
         raise _bad(f"'messages' must be an array of message objects, got {type(msgs).__name__}", "messages")
     if not msgs:
         raise _bad("'messages' must not be empty", "messages")
-    return _common(body, model, "chat", [_message(m, i) for i, m in enumerate(msgs)])
+    req = _common(body, model, "chat", [_message(m, i) for i, m in enumerate(msgs)])
+    req.response_format = tools.check_response_format(body.get("response_format"))
+    req.tools = tools.check_tools(body.get("tools"))
+    req.tool_choice = tools.check_tool_choice(body.get("tool_choice"), req.tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _bad(f"'parallel_tool_calls' must be a boolean, got {_short(parallel)}", "parallel_tool_calls")
+    req.parallel_tool_calls = parallel is not False
+    return req
 
 
 def _message(m, i: int) -> dict:
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise _bad(f"'{where}' must be an object with 'role' and 'content', got {type(m).__name__}", where)
-    for key in m:
-        if key not in ("role", "content"):
-            raise _bad(f"'{where}.{key}' is not supported by this server (messages take 'role' and 'content')",
-                       f"{where}.{key}", "unsupported_parameter")
     role = m.get("role")
     if not isinstance(role, str) or role not in ROLES:
         raise _bad(f"'{where}.role' must be one of {', '.join(ROLES)}, got {_short(role)}", f"{where}.role")
+    extra = tools.check_message(m, where)         # tool_call_id, tool_calls, name
     content = m.get("content")
+    if content is None and extra.get("tool_calls"):
+        content = ""
     if isinstance(content, list):          # content parts: only text ones
         texts = []
         for j, part in enumerate(content):
@@ -206,7 +205,7 @@ def _message(m, i: int) -> dict:
     if not isinstance(content, str):
         raise _bad(f"'{where}.content' must be a string or a list of text parts, got {_short(content)}",
                    f"{where}.content")
-    return {"role": ROLES[role], "content": content}
+    return dict(extra, role=ROLES[role], content=content)
 
 
 def parse_completion(body, model: str) -> Request:

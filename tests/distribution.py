@@ -102,23 +102,26 @@ def pit_pvalue(u: np.ndarray, bins: int = 20) -> float:
 
 
 def sample_tokens(decoder, prompt_ids: list[int], n: int, seed: int, params: SamplingParams,
-                  max_new_tokens: int = 4) -> np.ndarray:
+                  max_new_tokens: int = 4, **generate_kwargs) -> np.ndarray:
     """[n, max_new_tokens] generated ids, -1 after an early EOS."""
     out = np.full((n, max_new_tokens), -1, dtype=np.int64)
     for i in range(n):
         r = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=params.temperature,
-                             top_k=params.top_k, top_p=params.top_p, seed=seed + i)
+                             top_k=params.top_k, top_p=params.top_p, seed=seed + i, **generate_kwargs)
         out[i, :len(r.token_ids)] = r.token_ids
     return out
 
 
 def check_lossless(decoder, bundle, prompt_ids: list[int], n: int = 2000, seed: int = 0,
                    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                   samples: np.ndarray | None = None, prefill_graph: bool = False, ep: str = "cpu") -> dict:
-    """p-values {"x1", "x2", "x3|x1x2"} for `decoder` on `prompt_ids` (module docstring)."""
+                   samples: np.ndarray | None = None, prefill_graph: bool = False, oracle=None, ep: str = "cpu",
+                   **generate_kwargs) -> dict:
+    """p-values {"x1", "x2", "x3|x1x2"} for `decoder` on `prompt_ids` (module docstring). `oracle`: the
+    exact distributions to test against (default: the target's on the decoder's EP `ep`, TargetOracle);
+    `generate_kwargs` go to every generate call (e.g. a grammar, with a constrained oracle)."""
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    oracle = TargetOracle(bundle, params, prefill_graph, ep)     # the target's distribution on the decoder's EP
-    toks = samples if samples is not None else sample_tokens(decoder, prompt_ids, n, seed, params)
+    oracle = oracle or TargetOracle(bundle, params, prefill_graph, ep)
+    toks = samples if samples is not None else sample_tokens(decoder, prompt_ids, n, seed, params, **generate_kwargs)
     v = oracle.vocab
     p1, p2 = oracle.marginals(prompt_ids)
     x1 = toks[:, 0]

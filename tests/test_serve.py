@@ -224,7 +224,7 @@ BAD = [
     ("chat", {"model": "smollm", "messages": CHAT, "logprobs": True}, "logprobs"),
     ("chat", {"model": "smollm", "messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},
      "tools"),
-    ("chat", {"model": "smollm", "messages": CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ("chat", {"model": "smollm", "messages": CHAT, "response_format": {"type": "xml"}}, "response_format.type"),
     ("chat", {"model": "smollm", "messages": CHAT, "frobnicate": 1}, "frobnicate"),
     ("completion", {"model": "smollm", "prompt": 7}, "prompt"),
     ("completion", {"model": "smollm", "prompt": ""}, "prompt"),

@@ -39,10 +39,9 @@ def test_defaults_and_accepted_fields():
 
 
 @pytest.mark.parametrize("field,value", [("n", 2), ("logprobs", True), ("top_logprobs", 3),
-                                         ("tools", [{"type": "function"}]), ("tool_choice", "auto"),
-                                         ("response_format", {"type": "json_object"}), ("presence_penalty", 0.5),
+                                         ("functions", [{"name": "f"}]), ("presence_penalty", 0.5),
                                          ("frequency_penalty", 1), ("logit_bias", {"1": 5}), ("audio", {}),
-                                         ("store", True), ("parallel_tool_calls", True)])
+                                         ("store", True)])
 def test_unsupported_fields_are_refused_by_name(field, value):
     err = refused(chat, field, **{field: value})
     assert err.code == "unsupported_parameter" and f"'{field}'" in err.message
@@ -66,7 +65,8 @@ def test_messages_and_prompts():
     refused(lambda: parse_chat({"model": "m", "messages": {"role": "user"}}, "m"), "messages")
     refused(lambda: parse_chat({"model": "m", "messages": ["hi"]}, "m"), "messages[0]")
     refused(lambda: parse_chat({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "m"), "messages[0].role")
-    refused(lambda: parse_chat({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "m"), "messages[0].role")
+    refused(lambda: parse_chat({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "m"),
+            "messages[0].tool_call_id")
     refused(lambda: parse_chat({"model": "m", "messages": [{"role": "user", "content": None}]}, "m"),
             "messages[0].content")
     refused(lambda: parse_chat({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "m"),
@@ -84,3 +84,39 @@ def test_messages_and_prompts():
     refused(lambda: parse_completion({"model": "m", "prompt": "x", "messages": MSGS}, "m"), "messages")
     refused(lambda: parse_completion({"model": "m", "prompt": "x", "max_completion_tokens": 3}, "m"),
             "max_completion_tokens")
+
+
+@pytest.mark.parametrize("fields,param", [
+    (dict(response_format={"type": "xml"}), "response_format.type"),
+    (dict(response_format=["json"]), "response_format"),
+    (dict(response_format={"type": "json_schema"}), "response_format.json_schema"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}),
+     "response_format.json_schema.name"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": []}}),
+     "response_format.json_schema.schema"),
+    (dict(tools={"type": "function"}), "tools"),
+    (dict(tools=[{"type": "function"}]), "tools[0]"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]), "tools[0].function.parameters"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}] * 2), "tools[1].function.name"),
+    (dict(tool_choice="auto"), "tool_choice"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="always"), "tool_choice"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}], parallel_tool_calls="yes"), "parallel_tool_calls"),
+])
+def test_structured_output_and_tool_fields_name_the_field(fields, param):
+    refused(chat, param, **fields)
+
+
+def test_structured_output_and_tool_fields_accepted():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    r = chat(tools=tools, tool_choice={"type": "function", "function": {"name": "f"}}, parallel_tool_calls=False)
+    assert (r.tool_choice, r.parallel_tool_calls, r.tools[0]["function"]["name"]) == ("f", False, "f")
+    assert chat(tools=tools).tool_choice == "auto" and chat().tool_choice == "none"
+    assert chat(response_format={"type": "json_object"}).response_format == {"response_format": {"type": "json_object"}}
+    assert chat(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+                ).response_format == {"json_schema": {"type": "object"}}
+    msgs = MSGS + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    r = parse_chat({"model": "m", "messages": msgs}, "m")
+    assert r.prompt[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1} and r.prompt[1]["content"] == ""
+    assert r.prompt[2] == {"role": "tool", "tool_call_id": "c1", "content": "42"}

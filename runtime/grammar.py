@@ -1,0 +1,271 @@
+"""Constrained decoding (docs/structured-output.md): a JSON schema, any JSON object, a regex or a Lark
+grammar, compiled by llguidance into a token-level matcher over the target's vocabulary.
+
+`compile_constraint(...)` turns the user's arguments into an llguidance grammar string and checks it
+(a bad schema/regex/grammar is a one-line GenerationError before any model runs). `GrammarState` is
+one generation's matcher, in step with the decode round (rounds.py):
+- the committed tokens are consumed; drafts of the round in flight are consumed on top of them
+  (`draft`, `block_masks`) and rolled back at `commit`, which consumes the accepted ones and the
+  target's token;
+- `block_masks(drafts)` gives the allowed-token mask of every verify row: row j predicts the token after
+  drafts[:j]. Rows after the first draft the grammar forbids are never used (that draft is rejected at
+  the row before), so they are left unmasked;
+- `mask_logits` sets forbidden logits to -inf: greedy argmax and the sampler's p then are those of the
+  constrained target, so verification is judged against the constrained distribution;
+- `forced()`: the tokens the grammar allows as the only continuation (llguidance's fast-forward
+  tokens), drafted for free (rounds.forced_round).
+
+llguidance (Rust, no torch, ~8 MB) is the `[grammar]` extra: import errors say so.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.errors import GenerationError
+from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.tli import tli_greedy
+
+# JSON separators of the generated text: one fixed way to write whitespace, so that keys, colons and
+# commas are forced tokens (free drafts) instead of choices; the spacing models write by habit
+JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError:
+        raise GenerationError("structured output needs llguidance: pip install 'edgespec[grammar]'") from None
+    return llguidance
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A checked constraint: its kind (json_schema, json_object, regex, grammar) and llguidance grammar."""
+    kind: str
+    grammar: str
+
+
+def constraint_from(response_format=None, json_schema=None, regex=None, grammar=None) -> Constraint | None:
+    """The one constraint named by generate()'s arguments (at most one of them), not yet compiled.
+
+    response_format: {"type": "json_object"} | {"type": "json_schema", "json_schema": {"schema": {...}}}
+    (OpenAI's shape; a bare {"type": "json_schema", "schema": {...}} too) | {"type": "regex", "regex": ..}
+    | {"type": "grammar", "grammar": <Lark>} | {"type": "text"} (no constraint). json_schema: a dict or
+    its JSON text; regex: a pattern the whole output matches; grammar: Lark text (llguidance's dialect)."""
+    given = [n for n, v in (("response_format", response_format), ("json_schema", json_schema), ("regex", regex),
+                            ("grammar", grammar)) if v is not None]
+    if len(given) > 1:
+        raise GenerationError(f"give one of response_format, json_schema, regex, grammar (got {', '.join(given)})")
+    if not given or response_format == {"type": "text"}:
+        return None                     # unconstrained: llguidance is not needed
+    llg = _llguidance()
+    M = llg.LLMatcher
+    if response_format is not None:
+        if not isinstance(response_format, dict) or "type" not in response_format:
+            raise GenerationError("response_format must be an object with a 'type'")
+        kind = response_format["type"]
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return Constraint("json_object", M.grammar_from_json_schema({"type": "object"}, overrides=JSON_OPTIONS))
+        if kind == "json_schema":
+            spec = response_format.get("json_schema", response_format)
+            if not isinstance(spec, dict):
+                raise GenerationError("response_format.json_schema must be an object")
+            schema = spec.get("schema", {} if "json_schema" in response_format else None)
+            if schema is None:
+                raise GenerationError("response_format.json_schema.schema is missing")
+            return constraint_from(json_schema=schema)
+        if kind in ("regex", "grammar"):
+            value = response_format.get(kind)
+            if not isinstance(value, str):
+                raise GenerationError(f"response_format.{kind} must be a string")
+            return constraint_from(**{kind: value})
+        raise GenerationError(f"response_format.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, got {kind!r}")
+    if json_schema is not None:
+        if isinstance(json_schema, str):
+            try:
+                json_schema = json.loads(json_schema)
+            except ValueError as e:
+                raise GenerationError(f"json_schema is not valid JSON: {e}") from None
+        if not isinstance(json_schema, (dict, bool)):
+            raise GenerationError(f"json_schema must be a JSON object, got {type(json_schema).__name__}")
+        try:
+            g = M.grammar_from_json_schema(json_schema, overrides=JSON_OPTIONS)
+        except (ValueError, TypeError) as e:
+            raise GenerationError(f"json_schema: {_one_line(e)}") from None
+        return Constraint("json_schema", g)
+    if regex is not None:
+        if not isinstance(regex, str):
+            raise GenerationError("regex must be a string")
+        return Constraint("regex", M.grammar_from_regex(regex))
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise GenerationError("grammar must be a non-empty Lark grammar string")
+        return Constraint("grammar", M.grammar_from_lark(grammar))
+    return None
+
+
+def _one_line(e) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return " ".join(lines)[:400] if lines else type(e).__name__
+
+
+class GrammarTokenizer:
+    """The target's vocabulary for llguidance (built once per decoder: ~2 s for 152k tokens)."""
+
+    def __init__(self, tokenizer, vocab_width: int, eos_ids):
+        llg = _llguidance()
+        self.width = int(vocab_width)
+        self.eos_ids = [int(i) for i in eos_ids]
+        if not self.eos_ids:
+            raise GenerationError("structured output needs the target's end-of-sequence token (the bundle has none)")
+        self.ll = llg.LLTokenizer(tokenizer.to_str(), n_vocab=self.width, eos_token=self.eos_ids)
+
+    def check(self, constraint: Constraint) -> None:
+        """Compile the grammar against the vocabulary; a one-line GenerationError if it cannot be."""
+        err = _llguidance().LLMatcher.validate_grammar(constraint.grammar, self.ll)
+        if err:
+            raise GenerationError(f"{constraint.kind.replace('_', ' ')} is not supported or invalid: {_one_line(err)}")
+
+    def start(self, constraint: Constraint) -> "GrammarState":
+        self.check(constraint)
+        return GrammarState(self, constraint)
+
+
+def start_constraint(bundle, holder, response_format=None, json_schema=None, regex=None,
+                     grammar=None) -> "GrammarState | None":
+    """A fresh matcher for one generation's constraint (None: unconstrained). The target's vocabulary
+    for llguidance is built at the first constrained call and kept in `holder.grammar_tokenizer`
+    (the decoder's state shared with its variants)."""
+    constraint = constraint_from(response_format, json_schema, regex, grammar)
+    if constraint is None:
+        return None
+    if holder.grammar_tokenizer is None:
+        t = bundle.target
+        holder.grammar_tokenizer = GrammarTokenizer(t.tokenizer, t.vocab_size, t.eos_ids)
+    return holder.grammar_tokenizer.start(constraint)
+
+
+class GrammarState:
+    """One generation's matcher, in step with the rounds (module docstring)."""
+
+    def __init__(self, tok: GrammarTokenizer, constraint: Constraint):
+        llg = _llguidance()
+        self.matcher = llg.LLMatcher(tok.ll, constraint.grammar, log_level=0)
+        if self.matcher.is_error():
+            raise GenerationError(f"{constraint.kind}: {_one_line(self.matcher.get_error())}")
+        self.width = tok.width
+        self.eos_ids = frozenset(tok.eos_ids)
+        self.words = (self.width + 31) // 32
+        self.pending = 0                  # drafts consumed on top of the committed tokens
+        self.masks: list[np.ndarray] = []  # masks[j]: allowed after the committed tokens + j pending drafts
+        self.mask_ms = 0.0
+        self.mask_count = 0
+
+    # -- masks
+    def allowed(self) -> np.ndarray:
+        """bool [V]: the tokens the grammar allows next (after the pending drafts)."""
+        if len(self.masks) > self.pending:
+            return self.masks[self.pending]
+        t = time.perf_counter()
+        bits = np.zeros(self.words, dtype=np.int32)
+        self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        mask = np.unpackbits(bits.view(np.uint8), bitorder="little")[:self.width].view(bool)
+        self.mask_ms += (time.perf_counter() - t) * 1e3
+        self.mask_count += 1
+        self.masks.append(mask)
+        return mask
+
+    def draft(self, token: int) -> bool:
+        """Consume one draft if the grammar allows it (True); a forbidden one is not consumed (False),
+        nor is an end-of-sequence token (generation ends there; llguidance cannot roll one back)."""
+        if token in self.eos_ids or not self.allowed()[token]:
+            return False
+        if not self.matcher.consume_token(int(token)):
+            raise GenerationError(f"grammar matcher: {self.matcher.get_error()}")
+        self.pending += 1
+        return True
+
+    def block_masks(self, drafts) -> list[np.ndarray | None]:
+        """Masks of the verify rows for `drafts` (len(drafts) + 1 rows); rows after the first forbidden
+        draft are None (never used: that draft is rejected at the row before)."""
+        rows: list[np.ndarray | None] = []
+        for j, d in enumerate(drafts):
+            rows.append(self.allowed() if j == self.pending else self.masks[j])
+            if j >= self.pending and not self.draft(int(d)):     # forbidden, or the end
+                return rows + [None] * (len(drafts) - j)
+        rows.append(self.allowed())
+        return rows
+
+    def commit(self, n_acc: int, token: int) -> None:
+        """Keep n_acc of the pending drafts, then consume the target's token. More accepted drafts than
+        consumed ones, or an end-of-sequence token: generation ends there (nothing to consume)."""
+        if n_acc > self.pending or token in self.eos_ids:
+            return
+        if self.pending > n_acc:
+            self.matcher.rollback(self.pending - n_acc)
+        del self.masks[n_acc + 1:]
+        self.pending = n_acc
+        if not self.draft(int(token)):
+            raise GenerationError(f"grammar: the target's token {token} is not allowed (internal error)")
+        self.pending = 0
+        self.masks = []
+
+    # -- fast-forward
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the grammar forces next (no choice left to the model)."""
+        if limit <= 0 or self.pending:
+            return []
+        return [int(t) for t in self.matcher.compute_ff_tokens()[:limit]]
+
+    @property
+    def accepting(self) -> bool:
+        return self.matcher.is_accepting()
+
+
+def mask_logits(logits: np.ndarray, masks) -> np.ndarray:
+    """A copy of logits [n, V] with each row's forbidden tokens at -inf (rows whose mask is None kept)."""
+    out = np.array(logits, dtype=np.float32, copy=True)
+    for row, mask in zip(out, masks):
+        if mask is not None:
+            np.copyto(row, -np.inf, where=~mask)
+    return out
+
+
+def masked_greedy(gen, kept_logits: np.ndarray, allowed: np.ndarray) -> int | None:
+    """The strategy's temperature-0 draft among the tokens the grammar allows (None: none of the
+    drafter's candidates is allowed). TLI-style strategies take the best allowed kept column; the
+    others the argmax of their q at temperature 1 over the allowed tokens."""
+    state = gen.prepared
+    if gen.strategy.greedy is tli_greedy:          # tli, sd, ngram-tli: kept columns -> target ids
+        index_map = state.index_map
+        ok = state.valid & allowed[np.maximum(index_map, 0)]
+        if not ok.any():
+            return None
+        col = int(np.argmax(np.where(ok, kept_logits, -np.inf)))
+        return int(index_map[col])
+    q = gen.strategy.distribution(state, kept_logits, SamplingParams(temperature=1.0), gen.work[0])
+    return masked_argmax(q, allowed)
+
+
+def masked_argmax(q: np.ndarray, allowed: np.ndarray) -> int | None:
+    q = np.where(allowed[:q.shape[0]], q, 0.0)
+    i = int(np.argmax(q))
+    return i if q[i] > 0 else None
+
+
+def mask_distribution(q: np.ndarray, allowed: np.ndarray) -> np.ndarray | None:
+    """q (in place) restricted to the allowed tokens and renormalised; None if no mass is left (then
+    nothing is drafted: a decision that depends on q and the grammar only, not on a draw)."""
+    np.copyto(q, 0.0, where=~allowed[:q.shape[0]])
+    mass = q.sum()
+    if not mass > 0.0:
+        return None
+    q /= mass
+    return q

@@ -1,0 +1,317 @@
+"""Structured output and tool calls for the OpenAI server (docs/structured-output.md).
+
+- `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}) becomes a
+  generate() constraint (runtime/grammar.py).
+- `tools` are rendered through the model's own chat template (its `tools` variable: Qwen2.5's, Hermes
+  style); a template that never reads `tools` gets a 400. The model answers tool calls in the format
+  that template teaches, `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, and under
+  `tool_choice` the answer is constrained by a Lark grammar (`tool_grammar`): `required` = one or more
+  calls, a named function = exactly one call of it, `auto` = calls or a text answer (which then cannot
+  start with "<"), `none` = plain text, the tools still shown. Arguments follow each tool's JSON schema.
+- The answer is parsed back (`parse_tool_calls`) into OpenAI's `tool_calls`, or, streamed, turned into
+  tool-call deltas as it is generated (`ToolCallStream`).
+- Messages: `role: "tool"` results (`tool_call_id`, `content`) and assistant messages carrying
+  `tool_calls` (their `arguments` JSON text is given to the template as an object, as HF templates expect).
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from edgespec.errors import GenerationError
+from edgespec.runtime.chat import render_chat
+from edgespec.runtime.grammar import JSON_OPTIONS
+from edgespec.serve.errors import APIError
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
+
+
+def _bad(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param)
+
+
+# ---------------------------------------------------------------------------------- request fields
+def check_response_format(rf) -> dict | None:
+    """The generate() constraint of a `response_format` (None for text)."""
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise _bad("'response_format' must be an object with a 'type'", "response_format")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict):
+            raise _bad("'response_format.json_schema' must be an object with 'name' and 'schema'",
+                       "response_format.json_schema")
+        if not isinstance(spec.get("name"), str) or not _NAME.match(spec["name"]):
+            raise _bad("'response_format.json_schema.name' must be a string of a-z, A-Z, 0-9, _ and - (at most 64)",
+                       "response_format.json_schema.name")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, dict):
+            raise _bad("'response_format.json_schema.schema' must be a JSON schema object",
+                       "response_format.json_schema.schema")
+        return {"json_schema": schema}
+    raise _bad(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+               "response_format.type")
+
+
+def check_tools(tools) -> list[dict]:
+    if tools is None or tools == []:
+        return []
+    if not isinstance(tools, list):
+        raise _bad("'tools' must be an array of tool objects", "tools")
+    out, names = [], set()
+    for i, t in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise _bad(f"'{where}' must be {{\"type\": \"function\", \"function\": {{...}}}}", where)
+        f = t["function"]
+        name = f.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise _bad(f"'{where}.function.name' must be a string of a-z, A-Z, 0-9, _ and - (at most 64)",
+                       f"{where}.function.name")
+        if name in names:
+            raise _bad(f"'{where}.function.name' {name!r} is given twice", f"{where}.function.name")
+        names.add(name)
+        params = f.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise _bad(f"'{where}.function.parameters' must be a JSON schema object", f"{where}.function.parameters")
+        if f.get("description") is not None and not isinstance(f["description"], str):
+            raise _bad(f"'{where}.function.description' must be a string", f"{where}.function.description")
+        out.append({"type": "function", "function": {k: v for k, v in
+                                                     (("name", name), ("description", f.get("description")),
+                                                      ("parameters", params)) if v is not None}})
+    return out
+
+
+def check_tool_choice(choice, tools: list[dict]) -> str:
+    """"auto" | "none" | "required" | the name of one function."""
+    if choice is None:
+        return "auto" if tools else "none"
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise _bad(f"'tool_choice' must be 'auto', 'none', 'required' or a named function, got {choice!r}",
+                       "tool_choice")
+        if choice != "none" and not tools:
+            raise _bad(f"'tool_choice' {choice!r} needs 'tools'", "tool_choice")
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise _bad(f"'tool_choice.function.name' {name!r} is not one of the given tools", "tool_choice.function.name")
+        return name
+    raise _bad("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+               "tool_choice")
+
+
+def check_message(m: dict, where: str) -> dict:
+    """The tool keys of a chat message (`tool_call_id` of a tool result, `tool_calls` of an assistant
+    turn) checked, any other key but role and content refused; the template gets `arguments` as an object."""
+    role = m.get("role")
+    allowed = {"role", "content"} | ({"tool_calls"} if role == "assistant" else set()) | \
+        ({"tool_call_id"} if role == "tool" else set())
+    for key in m:
+        if key not in allowed:
+            raise APIError(400, f"'{where}.{key}' is not supported by this server for role {role!r} (messages take "
+                           "'role' and 'content'; tool results 'tool_call_id', assistant turns 'tool_calls')",
+                           param=f"{where}.{key}", code="unsupported_parameter")
+    out = {"role": role}
+    if role == "tool":
+        if not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]:
+            raise _bad(f"'{where}.tool_call_id' is required for role 'tool' (the id of the call it answers)",
+                       f"{where}.tool_call_id")
+        out["tool_call_id"] = m["tool_call_id"]
+    if role == "assistant" and m.get("tool_calls") is not None:
+        calls = m["tool_calls"]
+        if not isinstance(calls, list) or not calls:
+            raise _bad(f"'{where}.tool_calls' must be a non-empty array", f"{where}.tool_calls")
+        out["tool_calls"] = [_check_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
+    return out
+
+
+def _check_call(c, where: str) -> dict:
+    if not isinstance(c, dict) or c.get("type", "function") != "function" or not isinstance(c.get("function"), dict):
+        raise _bad(f"'{where}' must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", where)
+    f = c["function"]
+    if not isinstance(f.get("name"), str):
+        raise _bad(f"'{where}.function.name' must be a string", f"{where}.function.name")
+    args = f.get("arguments", "{}")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise _bad(f"'{where}.function.arguments' is not valid JSON", f"{where}.function.arguments") from None
+    if not isinstance(args, dict):
+        raise _bad(f"'{where}.function.arguments' must be a JSON object", f"{where}.function.arguments")
+    return {"id": c.get("id"), "type": "function", "function": {"name": f["name"], "arguments": args}}
+
+
+# ---------------------------------------------------------------------------------- prompt
+def template_takes_tools(template: str | None) -> bool:
+    """Whether a chat template reads the `tools` variable at all (Qwen2.5's does; SmolLM2's does not)."""
+    return bool(template) and re.search(r"\btools\b", template) is not None
+
+
+def encode_chat(dec, messages: list[dict], tools: list[dict]) -> list[int]:
+    """Target ids of the conversation rendered with `tools` (as decoder.encode_prompt(chat=True) does
+    without them)."""
+    b = dec.bundle.target
+    tok = b.tokenizer
+    if tools and not template_takes_tools(dec.bundle.chat_template):
+        raise _bad("this model's chat template has no tool support (it never reads 'tools'); use a model whose "
+                   "template takes tools, e.g. Qwen2.5", "tools")
+    bos = tok.id_to_token(b.bos_id) if b.bos_id is not None else ""
+    eos = tok.id_to_token(b.eos_ids[0]) if b.eos_ids else ""
+    text = render_chat(dec.bundle.require_chat_template(), messages, bos_token=bos or "", eos_token=eos or "",
+                       tools=tools or None)
+    return tok.encode(text, add_special_tokens=False).ids
+
+
+# ---------------------------------------------------------------------------------- the grammar
+def _marker(tokenizer, text: str) -> str:
+    """A Lark item for <tool_call> / </tool_call>: the token by id where the vocabulary has it as one
+    added token (Qwen2.5), else the literal text."""
+    tid = tokenizer.token_to_id(text)
+    return f"<[{tid}]>" if tid is not None else json.dumps(text)
+
+
+def tool_grammar(tokenizer, tools: list[dict], choice: str, parallel: bool = True) -> str | None:
+    """The Lark grammar of the answer under `tool_choice` (None: unconstrained)."""
+    if choice == "none" or not tools:
+        return None
+    chosen = [t for t in tools if choice in ("auto", "required") or t["function"]["name"] == choice]
+    bodies = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                "arguments": t["function"]["parameters"]},
+               "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]
+    body = dict(bodies[0] if len(bodies) == 1 else {"anyOf": bodies}, **{"x-guidance": JSON_OPTIONS})
+    many = parallel and choice in ("auto", "required")
+    lines = [f"start: calls{' | TEXT' if choice == 'auto' else ''}",
+             'calls: call ("\\n" call)*' if many else "calls: call",
+             f'call: {_marker(tokenizer, OPEN)} "\\n" body "\\n" {_marker(tokenizer, CLOSE)}',
+             "body: %json " + json.dumps(body)]
+    if choice == "auto":
+        lines.append(r"TEXT: /[^<](.|\n)*/")
+    return "\n".join(lines) + "\n"
+
+
+def constraint(dec, req) -> dict | None:
+    """The generate() constraint of a checked chat request, compiled once here so that a bad schema
+    is a 400 before any model runs (GenerationError -> 400 naming the field)."""
+    if req.tools and req.tool_choice != "none":
+        if req.response_format:
+            raise _bad("give 'response_format' or 'tools' with tool_choice other than 'none', not both",
+                       "response_format")
+        kw, param = {"grammar": tool_grammar(dec.bundle.target.tokenizer, req.tools, req.tool_choice,
+                                             req.parallel_tool_calls)}, "tools"
+    else:
+        kw, param = req.response_format, "response_format"
+    if not kw:
+        return None
+    try:
+        dec.grammar_state(**kw)
+    except GenerationError as exc:
+        raise _bad(f"'{param}': {exc}", param) from None
+    return kw
+
+
+# ---------------------------------------------------------------------------------- the answer
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls) of an answer: every <tool_call> block whose body is a JSON object with a
+    name becomes a call (arguments as JSON text); the rest is the content (None if nothing is left)."""
+    calls = []
+    for m in _CALL.finditer(text):
+        try:
+            obj = json.loads(m.group(1))
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+            head = '{"name": ' + json.dumps(obj["name"]) + ToolCallStream.MID[1:]
+            body = m.group(1)          # the arguments as generated (as ToolCallStream sends them), if laid out so
+            args = body[len(head):-1] if body.startswith(head) and body.endswith("}") else \
+                json.dumps(obj.get("arguments", {}), ensure_ascii=False)
+            calls.append({"id": _call_id(), "type": "function", "function": {"name": obj["name"], "arguments": args}})
+    if not calls:
+        return text, []
+    rest = _CALL.sub("", text).strip()
+    return rest or None, calls
+
+
+class ToolCallStream:
+    """Streamed text -> OpenAI tool-call deltas, as it is generated. The grammar fixes the layout:
+    `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`, calls separated by "\n"; the
+    name is sent once it is complete, ARGS in pieces (held back by the length of the closing text)."""
+    HEAD = OPEN + '\n{"name": "'
+    MID = '", "arguments": '
+    TAIL = "}\n" + CLOSE
+
+    def __init__(self):
+        self.buf = ""
+        self.index = -1
+        self.state = "start"          # start | text | head | args
+        self.sent = 0                 # args characters sent for the current call
+
+    def feed(self, delta: str) -> list[dict]:
+        """Delta objects ({"content": ...} or {"tool_calls": [...]}) for the next piece of text."""
+        self.buf += delta
+        out = []
+        while True:
+            if self.state == "start":
+                if self.called:                   # the "\n" between two calls
+                    self.buf = self.buf.lstrip("\n")
+                if not self.buf:
+                    return out
+                if self.buf[0] != "<":
+                    self.state = "text"
+                    continue
+                if len(self.buf) < len(self.HEAD):
+                    return out
+                self.state = "head"
+            if self.state == "text":
+                if self.buf:
+                    out.append({"content": self.buf})
+                self.buf = ""
+                return out
+            if self.state == "head":
+                end = self.buf.find(self.MID, len(self.HEAD))
+                if end < 0:
+                    return out
+                self.index += 1
+                name = self.buf[len(self.HEAD):end]
+                out.append({"tool_calls": [{"index": self.index, "id": _call_id(), "type": "function",
+                                            "function": {"name": name, "arguments": ""}}]})
+                self.buf = self.buf[end + len(self.MID):]
+                self.state = "args"
+            if self.state == "args":
+                end = self.buf.find(self.TAIL)
+                ready = self.buf[:end] if end >= 0 else self.buf[:max(0, len(self.buf) - len(self.TAIL))]
+                if ready:
+                    out.append({"tool_calls": [{"index": self.index, "function": {"arguments": ready}}]})
+                if end < 0:
+                    self.buf = self.buf[len(ready):]
+                    return out
+                self.buf = self.buf[end + len(self.TAIL):]
+                self.state = "start"
+
+    def finish(self) -> list[dict]:
+        """What is left at the end (a cut answer's tail)."""
+        rest, self.buf = self.buf, ""
+        if not rest:
+            return []
+        if self.state == "args":
+            return [{"tool_calls": [{"index": self.index, "function": {"arguments": rest}}]}]
+        return [{"content": rest}]
+
+    @property
+    def called(self) -> bool:
+        return self.index >= 0

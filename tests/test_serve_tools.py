@@ -1,0 +1,56 @@
+"""serve/tools.py without a model: the tool-call grammar compiles for both marker kinds, streamed
+tool-call deltas (fed in every split) assemble into what parse_tool_calls reads from the whole text,
+and template detection."""
+import json
+
+import pytest
+
+from edgespec.serve.tools import ToolCallStream, parse_tool_calls, template_takes_tools, tool_grammar
+
+TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "note": "a}\\n</b"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>')
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("get_weather", "add")]
+
+
+def _assemble(pieces):
+    calls, content = {}, ""
+    for d in pieces:
+        content += d.get("content", "")
+        for c in d.get("tool_calls", []):
+            slot = calls.setdefault(c["index"], {"name": "", "arguments": ""})
+            slot["name"] += c.get("function", {}).get("name", "")
+            slot["arguments"] += c.get("function", {}).get("arguments", "")
+    return content, [(c["name"], c["arguments"]) for _, c in sorted(calls.items())]
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_streamed_deltas_assemble_into_the_parsed_calls(step):
+    content, calls = parse_tool_calls(TWO_CALLS)
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_weather", "add"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "note": "a}\n</b"}
+    s = ToolCallStream()
+    pieces = [d for i in range(0, len(TWO_CALLS), step) for d in s.feed(TWO_CALLS[i:i + step])] + s.finish()
+    assert _assemble(pieces) == ("", [(c["function"]["name"], c["function"]["arguments"]) for c in calls])
+    assert s.called
+
+
+def test_text_answers_stream_as_content():
+    s = ToolCallStream()
+    pieces = s.feed("The weather") + s.feed(" is fine.") + s.finish()
+    assert _assemble(pieces) == ("The weather is fine.", []) and not s.called
+    assert parse_tool_calls("The weather is fine.") == ("The weather is fine.", [])
+
+
+def test_tool_grammar_and_template_detection():
+    pytest.importorskip("llguidance")
+    import tinymodels  # tests/ is on sys.path (conftest.py); the tokenizers only, no models
+    from edgespec.runtime.grammar import GrammarTokenizer, constraint_from
+    tok = tinymodels.tiny_tokenizers()["bytelevel"]
+    gt = GrammarTokenizer(tok, tok.get_vocab_size(), [tok.token_to_id("<|im_end|>")])
+    for choice in ("auto", "required", "add"):
+        g = tool_grammar(tok, TOOLS, choice)
+        assert '"<tool_call>"' in g                       # no single <tool_call> token here: the literal text
+        gt.check(constraint_from(grammar=g))
+    assert tool_grammar(tok, TOOLS, "none") is None
+    assert template_takes_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
+    assert not template_takes_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
