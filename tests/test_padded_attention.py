@@ -13,8 +13,6 @@ import pytest
 
 from distribution import ALPHA, check_lossless  # tests/ is on sys.path (conftest.py)
 from edgespec.errors import BundleError
-from edgespec.export import quality
-from edgespec.export.bundle_writer import export_bundle
 from edgespec.export.padded_attention import PADDED_GRAPH, check_padded_graph
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime.kv import MIN_TOKENS_KEY, PAD_ROWS_KEY, ModelRunner
@@ -24,15 +22,8 @@ PROMPT = "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, i
 
 
 @pytest.fixture(scope="module")
-def padded_bundle(tiny_models, tmp_path_factory) -> Path:
-    m = tiny_models["tiny-bl-a"]
-    n = json.loads((m / "config.json").read_text())["vocab_size"]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(quality, "BATCH_TOL", 0.0)
-        return export_bundle(str(m), str(m), tmp_path_factory.mktemp("padded") / "b", keep=(3 * n) // 4,
-                             pair="tiny-int4", graph="builder", progress=False,
-                             cache=tmp_path_factory.mktemp("padded-cache"),
-                             builder={"target": "int4", "drafter": "int4", "quality_tokens": 0})
+def padded_bundle(tiny_padded_bundle) -> Path:
+    return tiny_padded_bundle
 
 
 @pytest.fixture(scope="module")
