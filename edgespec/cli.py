@@ -16,6 +16,7 @@ _COMMAND_MODULES = [
     "edgespec.models.cli",      # models list|pull
     "edgespec.export.cli",      # export
     "edgespec.runtime.cli",     # generate
+    "edgespec.runtime.doctor",  # doctor
     "edgespec.calibrate.cli",   # calibrate
     "edgespec.profiler.cli",     # bench, study, demo-report
     "edgespec.serve.cli",       # serve, chat

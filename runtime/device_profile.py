@@ -287,3 +287,19 @@ def plan_for(bundle, threads: int | None, ep="cpu", graph: str | None = None, ac
         return None, export_plan(t.padded_exact_at_export, int(t.info.get("min_forward_tokens") or 1),
                                  t.padded_onnx is not None)
     return profile, make_plan(profile, acceptance, graph=graph)
+
+
+def device_plan_summary(bundle, threads: int | None, ep="cpu", progress: bool = True) -> dict:
+    """For a benchmark: this machine's profile (measured now where none is cached, with the EP the CPU's
+    and $EDGESPEC_DEVICE_PROFILE not off) and the plan the decoders will make from it, as a report entry."""
+    from edgespec.runtime.sessions import is_cpu_only
+
+    measured = False
+    if profile_mode() != "off" and is_cpu_only(ep) and load_profile(bundle, threads) is None:
+        profile, measured = ensure_profile(bundle, threads)
+        if progress:
+            print(f"edgespec: device profile measured in {profile.measure_s:.2f} s (once per machine)", file=sys.stderr)
+    profile, plan = plan_for(bundle, threads, ep)
+    return {"plan": plan.describe(), "step_graph": plan.step_graph, "step_tokens": plan.step_tokens,
+            "drafter": plan.drafter, "gamma_max": plan.gamma_max, "reasons": list(plan.reasons),
+            "profile": None if profile is None else profile.to_json(), "profile_measured_now": measured}
