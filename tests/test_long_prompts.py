@@ -158,3 +158,26 @@ def test_fast_plain_steps_skip_the_padding(bundles):
         exact.target.min_tokens = 1
     assert padded - unpadded == 7                # one pad position per plain step after the prefill
     assert a.token_ids == f.token_ids            # this fp32 graph computes the same on both paths
+
+
+@pytest.mark.parametrize("name", ["same", "hetero"])
+def test_a_short_prompt_fills_the_window_bounded_too(bundles, name):
+    """A prompt shorter than the window but longer than a quarter of it: the first fill feeds its last
+    window // 4 tokens (+ a BOS sink), then the window grows with the text; output equal to ar's."""
+    b, window = bundles[name], 64
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1, prefix_reuse=False)
+    dec = SpeculativeDecoder(b, strategy="tli" if name != "hetero" else "slem", draft_length=3, threads=1,
+                             drafter_window=window, prefix_reuse=False)
+    prompt = LONG[:120]
+    seen = []
+    forward = dec.drafter.forward
+
+    def observed(ids, *a, **k):
+        out = forward(ids, *a, **k)
+        seen.append(dec.drafter.length)
+        return out
+    dec.drafter.forward = observed
+    res = dec.generate(prompt, max_new_tokens=N)
+    assert window // 4 < res.stats.prompt_tokens < window
+    assert res.token_ids == ar.generate(prompt, max_new_tokens=N).token_ids
+    assert seen[0] <= window // 4 + 1 and max(seen) > seen[0] and res.stats.draft_refills == 0
