@@ -58,6 +58,8 @@ class GenerationResult:
 class SpeculativeDecoder:
     """Speculative decoding over an edgespec bundle. See docs/architecture.md for the API."""
 
+    drafter_gamma_cap: int | None = None       # strategy "auto": the device plan's gamma range for drafter rounds
+
     def __init__(self, bundle: Bundle | str | Path, strategy: str = "auto", draft_length: int | str = "auto",
                  ep="cpu", draft_ep=None, threads: int | None = None, allow_fallback: bool = False,
                  draft_probability: float | str | None = None, draft_threads: int | None = None,
@@ -84,10 +86,11 @@ class SpeculativeDecoder:
         if uses_drafter and config.strategy.check:      # refuse before paying for the sessions
             config.strategy.check(bundle, dict(config.options))
         # this machine's plan (runtime/plan.py): which graph runs the target, whether the drafter pays
-        self.planning = DevicePlanning(bundle, threads, ep, *plan_for(bundle, threads, ep))
+        self.planning = DevicePlanning(bundle, threads, ep, *plan_for(bundle, threads, ep),
+                                       measure=strategy == "auto")
         step_graph = self.planning.plan.step_graph
-        if step_graph == "prefill" or step_graph == "model" and bundle.target.padded_onnx is not None:
-            prefill_graph = False if prefill_graph == "auto" else prefill_graph    # it pads attention (export)
+        if step_graph == "prefill":
+            prefill_graph = False          # the graph itself
         # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
         requests = [dict(model_path=graph_paths(bundle)[step_graph], ep=ep, threads=threads,
                          allow_fallback=allow_fallback, role="target", stop_spinning=uses_drafter)]
@@ -164,7 +167,8 @@ class SpeculativeDecoder:
         if self.governor is None or source is None:
             return self.governor
         if source not in self.source_governors:
-            self.source_governors[source] = Governor(self.governor.gamma_max)
+            cap = self.drafter_gamma_cap if source == "drafter" and self.drafter_gamma_cap else self.governor.gamma_max
+            self.source_governors[source] = Governor(min(cap, self.governor.gamma_max))
         return self.source_governors[source]
 
     def variant(self, strategy: str | None = None, draft_length: int | str | None = None,
@@ -226,11 +230,13 @@ class SpeculativeDecoder:
         plan = self.planning.current()
         name = choose_auto(self.bundle, greedy, randomised=self.config.draft_probability is not None,
                            drafter=plan.drafter, exact=plan.gamma_max > 0)
-        longest = min(self.config.max_draft_length, max(plan.gamma_max, 1))
-        if (name, longest) not in self._auto:
-            self._auto[(name, longest)] = self.variant(name, draft_probability=self.config.draft_probability,
-                                                       max_draft_length=longest, **self.config.options)
-        return self._auto[(name, longest)]
+        cap = min(self.config.max_draft_length, max(plan.gamma_max, 1))     # the plan's gamma range: the drafter's
+        if (name, cap) not in self._auto:
+            lengths = {} if get_strategy(name).source else {"max_draft_length": cap}   # lookup keeps its range
+            self._auto[(name, cap)] = self.variant(name, draft_probability=self.config.draft_probability,
+                                                   **lengths, **self.config.options)
+            self._auto[(name, cap)].drafter_gamma_cap = cap
+        return self._auto[(name, cap)]
 
     def _check_runner(self, runner: ModelRunner, info: dict, width: int, role: str) -> None:
         if isinstance(runner.vocab, int) and runner.vocab != width:

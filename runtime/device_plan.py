@@ -7,8 +7,8 @@ graph at the acceptance measured so far (the drafter's draft-length governor: de
 position, pooled), which decides, before each generation of strategy="auto", whether the drafter runs and
 the range of gamma (runtime/plan.py). Once the drafter stops paying it is not used again by this decoder.
 
-Without a cached profile ($EDGESPEC_DEVICE_PROFILE=auto, the CPU EP) the profile is measured once, after
-the decoder's first generation ends, on a thread that holds the decoder's lock (a call that comes
+Without a cached profile ($EDGESPEC_DEVICE_PROFILE=auto, the CPU EP, a decoder made with strategy "auto",
+the one the plan is for) the profile is measured once, after the decoder's first generation ends, on a thread that holds the decoder's lock (a call that comes
 meanwhile waits for it): never in a first token's time. Its sessions are the decoder's where it has them
 (the step graph's, a built drafter's); the process waits for it at exit, so it is measured once per
 machine. It plans the next generations of this decoder (drafter and gamma; the graph at the next load).
@@ -28,6 +28,8 @@ _RUNNING: list[threading.Thread] = []
 
 
 def _join_running() -> None:
+    if any(t.is_alive() for t in _RUNNING):
+        print("edgespec: finishing this machine's device profile (once per machine)", file=sys.stderr, flush=True)
     for t in list(_RUNNING):
         t.join()
 
@@ -36,8 +38,9 @@ atexit.register(_join_running)
 
 
 class DevicePlanning:
-    def __init__(self, bundle, threads, ep, profile, plan):
+    def __init__(self, bundle, threads, ep, profile, plan, measure: bool = True):
         self.bundle, self.threads, self.ep = bundle, threads, ep
+        self.measure = measure             # measure a missing profile (decoders of strategy "auto" do)
         self.profile = profile
         self.plan = plan                   # the plan the decoder's sessions were made for
         self.drafter_governor = None       # the governor of the drafter's rounds, once any ran
@@ -69,7 +72,8 @@ class DevicePlanning:
         if dec.strategy.uses_drafter:
             gov = dec.source_governors.get("drafter") if dec.strategy.source else dec.governor
             self.drafter_governor = gov or self.drafter_governor
-        if self.profile is None and self.measuring is None and profile_mode() == "auto" and is_cpu_only(self.ep):
+        if self.measure and self.profile is None and self.measuring is None and profile_mode() == "auto" \
+                and is_cpu_only(self.ep):
             self.measuring = threading.Thread(target=self._measure, args=(dec,), name="edgespec-device-profile",
                                               daemon=True)
             _RUNNING.append(self.measuring)

@@ -127,11 +127,16 @@ def test_a_plan_on_padded_model_steps_where_the_padded_graph_is_inexact(bundle, 
         want = ar.generate(prompt, max_new_tokens=30).token_ids
         res = dec.generate(prompt, max_new_tokens=30)
         assert res.token_ids == want and res.stats.strategy == "ngram-tli"
-        assert max(res.stats.gamma_per_step) <= plan.gamma_max
+    auto = dec._resolved(True)
+    assert auto.governor_for("drafter").gamma_max == min(plan.gamma_max, 8)     # the plan bounds the drafter's
+    assert auto.governor_for("ngram").gamma_max == 8                             # lookup keeps its range
 
 
 def test_measured_after_the_first_generation_not_before(bundle, home, monkeypatch):
     monkeypatch.setenv(dp.MODE_ENV, "auto")
+    chosen = SpeculativeDecoder(bundle, strategy="tli", threads=1)      # a chosen strategy: the plan is auto's
+    chosen.generate(PROMPT, max_new_tokens=4)
+    assert chosen.planning.measuring is None and dp.load_profile(bundle, threads=1) is None
     dec = SpeculativeDecoder(bundle, threads=1)
     assert dec.planning.profile is None and dec.planning.plan.source == "export"
     first = dec.generate(PROMPT, max_new_tokens=12)
@@ -156,3 +161,30 @@ def test_probe_ids_are_the_targets_tokens(bundle):
     ids = dp.probe_ids(bundle, 40)
     assert len(ids) == 40 and all(0 <= i < bundle.target.vocab_size for i in ids)
     assert np.asarray(ids).min() >= 0
+
+
+def test_model_steps_beside_a_prefill_graph_that_pads_attention(bundle, home):
+    """The prefill graph is made from the padded-attention graph (one pad row); a plan on model.onnx (none)
+    still prefills long prompts on it: each forward feeds its own session's mask. Greedy output = ar's."""
+    from edgespec.runtime.kv import PREFILL_GRAPH_TOKENS
+    profile, _ = dp.ensure_profile(bundle, threads=1)
+    bad = dp.GraphProfile(measured=True, one_token_exact=False, wide_exact=False, one_token_max_abs_diff=0.58,
+                          wide_max_abs_diff=0.58, cost_ms=profile.graphs["padded_attention"].cost_ms)
+    model = dp.GraphProfile(measured=True, one_token_exact=False, wide_exact=True, one_token_max_abs_diff=1e-6,
+                            wide_max_abs_diff=0.0, cost_ms=[1.0 + 0.1 * k for k in range(dp.TAIL)])
+    _write(dataclasses.replace(profile, graphs={"padded_attention": bad, "model": model}, drafter_step_ms=0.01))
+    for kv in ("auto", "copy"):
+        dec = SpeculativeDecoder(bundle, threads=1, prefill_graph=True)
+        if kv == "copy":                                     # the copying layout, same sessions
+            from edgespec.runtime.kv import ModelRunner
+            t = dec.target
+            dec.target = ModelRunner(t.session, "target", t.max_position, kv="copy", prefill_session=t.prefill_session)
+            dec.target.min_tokens = 2
+            dec._auto.clear()
+        assert dec.target.pad_rows == 0 and dec.target.prefill_pad_rows == 1
+        prompt = (PROMPT + "\n") * 4
+        ids = dec.encode_prompt(prompt)
+        assert len(ids) >= PREFILL_GRAPH_TOKENS
+        want = dec.variant("ar").generate(ids, max_new_tokens=20).token_ids
+        res = dec.generate(ids, max_new_tokens=20)
+        assert res.token_ids == want and dec.target.prefill_graph_rows >= len(ids)

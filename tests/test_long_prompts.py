@@ -57,13 +57,8 @@ def test_stripped_graph_is_the_original(bundles, tiny_same_bundle, copy_bundle):
     np.testing.assert_allclose(plain.forward(ids, last=1), edited.forward(ids, last=1), atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["same", "self", "hetero"])
-@pytest.mark.parametrize("window", [6, 16])
-def test_windowed_drafter_keeps_greedy_identity_and_its_bound(bundles, name, window):
-    b = bundles[name]
-    ar = SpeculativeDecoder(b, strategy="ar", threads=1, prefix_reuse=False)
-    dec = SpeculativeDecoder(b, strategy="tli" if name != "hetero" else "slem", draft_length=3, threads=1,
-                             drafter_window=window, prefix_reuse=False)
+def _drafter_lengths(dec) -> list[int]:
+    """The drafter's KV length after each of its forwards, appended as they run."""
     seen = []
     forward = dec.drafter.forward
 
@@ -72,6 +67,17 @@ def test_windowed_drafter_keeps_greedy_identity_and_its_bound(bundles, name, win
         seen.append(dec.drafter.length)
         return out
     dec.drafter.forward = observed
+    return seen
+
+
+@pytest.mark.parametrize("name", ["same", "self", "hetero"])
+@pytest.mark.parametrize("window", [6, 16])
+def test_windowed_drafter_keeps_greedy_identity_and_its_bound(bundles, name, window):
+    b = bundles[name]
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1, prefix_reuse=False)
+    dec = SpeculativeDecoder(b, strategy="tli" if name != "hetero" else "slem", draft_length=3, threads=1,
+                             drafter_window=window, prefix_reuse=False)
+    seen = _drafter_lengths(dec)
     res = dec.generate(LONG, max_new_tokens=N)
     assert res.token_ids == ar.generate(LONG, max_new_tokens=N).token_ids
     assert seen and max(seen) <= window
@@ -169,14 +175,7 @@ def test_a_short_prompt_fills_the_window_bounded_too(bundles, name):
     dec = SpeculativeDecoder(b, strategy="tli" if name != "hetero" else "slem", draft_length=3, threads=1,
                              drafter_window=window, prefix_reuse=False)
     prompt = LONG[:120]
-    seen = []
-    forward = dec.drafter.forward
-
-    def observed(ids, *a, **k):
-        out = forward(ids, *a, **k)
-        seen.append(dec.drafter.length)
-        return out
-    dec.drafter.forward = observed
+    seen = _drafter_lengths(dec)
     res = dec.generate(prompt, max_new_tokens=N)
     assert window // 4 < res.stats.prompt_tokens < window
     assert res.token_ids == ar.generate(prompt, max_new_tokens=N).token_ids
