@@ -58,8 +58,6 @@ class GenerationResult:
 class SpeculativeDecoder:
     """Speculative decoding over an edgespec bundle. See docs/architecture.md for the API."""
 
-    drafter_gamma_cap: int | None = None       # strategy "auto": the device plan's gamma range for drafter rounds
-
     def __init__(self, bundle: Bundle | str | Path, strategy: str = "auto", draft_length: int | str = "auto",
                  ep="cpu", draft_ep=None, threads: int | None = None, allow_fallback: bool = False,
                  draft_probability: float | str | None = None, draft_threads: int | None = None,
@@ -167,8 +165,7 @@ class SpeculativeDecoder:
         if self.governor is None or source is None:
             return self.governor
         if source not in self.source_governors:
-            cap = self.drafter_gamma_cap if source == "drafter" and self.drafter_gamma_cap else self.governor.gamma_max
-            self.source_governors[source] = Governor(min(cap, self.governor.gamma_max))
+            self.source_governors[source] = Governor(self.governor.gamma_max)
         return self.source_governors[source]
 
     def variant(self, strategy: str | None = None, draft_length: int | str | None = None,
@@ -230,13 +227,13 @@ class SpeculativeDecoder:
         plan = self.planning.current()
         name = choose_auto(self.bundle, greedy, randomised=self.config.draft_probability is not None,
                            drafter=plan.drafter, exact=plan.gamma_max > 0)
-        cap = min(self.config.max_draft_length, max(plan.gamma_max, 1))     # the plan's gamma range: the drafter's
-        if (name, cap) not in self._auto:
-            lengths = {} if get_strategy(name).source else {"max_draft_length": cap}   # lookup keeps its range
-            self._auto[(name, cap)] = self.variant(name, draft_probability=self.config.draft_probability,
-                                                   **lengths, **self.config.options)
-            self._auto[(name, cap)].drafter_gamma_cap = cap
-        return self._auto[(name, cap)]
+        if name not in self._auto:
+            self._auto[name] = self.variant(name, draft_probability=self.config.draft_probability, **self.config.options)
+        dec = self._auto[name]
+        drafting = dec.governor_for("drafter") if dec.strategy.source else dec.governor
+        if drafting is not None and dec.strategy.uses_drafter:     # the plan's gamma range: drafter rounds only
+            drafting.cap = max(plan.gamma_max, 1)
+        return dec
 
     def _check_runner(self, runner: ModelRunner, info: dict, width: int, role: str) -> None:
         if isinstance(runner.vocab, int) and runner.vocab != width:

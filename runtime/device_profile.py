@@ -7,7 +7,7 @@ the int4 Qwen2.5-Coder 1.5B's padded-attention graph is exact on a 2-core AVX-51
 
 - for each target graph variant (`model`: model.onnx; `padded_attention`: export/padded_attention.py;
   `prefill`: export/prefill_graph.py, fp32 compute): after a PREFIX-token prefill, TAIL 1-token
-  forwards, then forwards of k tokens for k = 2..TAIL from the same place, SWEEPS times.
+  forwards, then forwards of k tokens for k = 2..TAIL from the same place (SWEEPS times up to k = 5).
   `one_token_exact`: each 1-token forward's logits equal the same position's inside every wider forward
   (bitwise); `wide_exact`: forwards of 2+ tokens agree with each other; `cost_ms[k-1]`: a k-token
   forward, the fastest of its samples (other processes only ever add time), made non-decreasing in k
@@ -43,7 +43,8 @@ VERSION = 1
 PREFIX = 16            # prefilled positions before the probe
 TAIL = 9               # probed forwards of k = 1..TAIL tokens (the verify widths of gamma <= 8)
 DRAFTER_STEPS = 6
-SWEEPS = 2             # samples of each k-token forward
+SWEEPS = 2             # samples of each k-token forward up to RESAMPLED tokens (one beyond: the plan's
+RESAMPLED = 5          # gamma choices turn on the short ones)
 GRAPHS = ("padded_attention", "model", "prefill")     # measuring order
 # the prompt the probe feeds (a code-and-prose mix, tokenized by the target's tokenizer)
 PROBE_TEXT = ("def merge(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n    out = []\n"
@@ -198,7 +199,7 @@ def probe_graph(runner, ids: list[int], slower_than_ms: float | None = None) -> 
     one = np.stack(singles)
     wide, cost, repeats = {}, [step] + [float("inf")] * (tail - 1), True
     for sweep in range(SWEEPS):
-        for k in range(2, tail + 1):
+        for k in range(2, tail + 1 if sweep == 0 else min(tail, RESAMPLED) + 1):
             runner.crop(PREFIX)
             logits = runner.forward(ids[PREFIX:PREFIX + k], pad=False)
             cost[k - 1] = min(cost[k - 1], runner.last_ms)

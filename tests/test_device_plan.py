@@ -124,3 +124,22 @@ def test_the_export_plan_is_the_behaviour_before_profiles():
 
 class _Bundle:
     same_tokenizer = True
+
+
+def test_the_governor_keeps_inside_the_plans_cap():
+    """Perfect acceptance and flat round costs would climb to gamma_max; the plan's cap bounds it."""
+    from edgespec.runtime.governor import Governor
+    g = Governor(8)
+    g.cap = 2
+    chosen = []
+    for _ in range(60):
+        gamma = g.choose(8)
+        chosen.append(gamma)
+        g.update(gamma, gamma, 10.0 + gamma)
+    assert max(chosen) == 2
+    g.cap = 8
+    for _ in range(60):
+        gamma = g.choose(8)
+        chosen.append(gamma)
+        g.update(gamma, gamma, 10.0 + gamma)
+    assert max(chosen) > 2
