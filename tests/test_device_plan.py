@@ -143,3 +143,18 @@ def test_the_governor_keeps_inside_the_plans_cap():
         chosen.append(gamma)
         g.update(gamma, gamma, 10.0 + gamma)
     assert max(chosen) > 2
+
+
+def test_a_decoder_replans_on_its_drafters_acceptance_and_stays_without_it():
+    from edgespec.runtime.device_plan import MIN_REACHED, DevicePlanning
+    from edgespec.runtime.governor import Governor
+    profile = epyc_like()
+    planning = DevicePlanning(None, 2, "cpu", profile, make_plan(profile))
+    assert planning.current().drafter and planning.acceptance() is None      # the prior
+    gov = Governor(8)
+    planning.drafter_governor = gov
+    gov.reached[:2], gov.accepted[:2] = MIN_REACHED, 0.35 * MIN_REACHED        # 0.35 per position
+    assert planning.acceptance() == pytest.approx(0.35) and not planning.current().drafter
+    gov.accepted[:2] = 0.9 * MIN_REACHED                                       # better later: stopped for good
+    plan = planning.current()
+    assert not plan.drafter and "stopped paying" in plan.reasons[-1]

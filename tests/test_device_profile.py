@@ -115,15 +115,15 @@ def test_a_plan_on_padded_model_steps_where_the_padded_graph_is_inexact(bundle, 
     plan = dec.planning.plan
     assert plan.step_graph == "model" and plan.step_tokens == 2 and plan.drafter
     assert dec.target.min_tokens == 2 and dec.target.pad_rows == 0
-    ar = dec.variant("ar")
-    for prompt in (PROMPT, "The quick brown fox"):
-        want = ar.generate(prompt, max_new_tokens=30).token_ids
-        res = dec.generate(prompt, max_new_tokens=30)
-        assert res.token_ids == want and res.stats.strategy == "ngram-tli"
-    assert plan.gamma_max < 8
-    auto = dec._resolved(True)
+    auto = dec._resolved(True)                                        # before any acceptance is measured
+    assert auto.strategy.name == "ngram-tli" and plan.gamma_max < 8
     assert auto.governor_for("drafter").cap == plan.gamma_max          # the plan bounds the drafter's rounds
     assert auto.governor_for("ngram").cap == 8                        # lookup keeps its range
+    ar = dec.variant("ar")
+    for prompt in (PROMPT, "The quick brown fox"):             # the measured acceptance may drop the drafter
+        want = ar.generate(prompt, max_new_tokens=30).token_ids
+        res = dec.generate(prompt, max_new_tokens=30)
+        assert res.token_ids == want and res.stats.strategy in ("ngram-tli", "ngram")
 
 
 def test_measured_after_the_first_generation_not_before(bundle, home, monkeypatch):
