@@ -33,17 +33,16 @@ def cpu_description() -> str:
     """The CPU's model name, core count and the instruction-set extensions that decide int4 speed."""
     import os
     import platform
-    model, flags = platform.processor() or platform.machine(), set()
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Processor") and model == (platform.processor() or platform.machine()):
-                    model = value.strip()
-                elif key.strip() in ("flags", "Features") and not flags:
-                    flags = set(value.split())
+                fields.setdefault(key.strip(), value.strip())       # the first processor's
     except OSError:
         pass
+    model = fields.get("model name") or fields.get("Processor") or platform.processor() or platform.machine()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
     have = [f for f in FLAGS if f in flags]
     return f"{model}, {os.cpu_count()} cores, {' '.join(have) or 'none of ' + '/'.join(FLAGS)}"
 
@@ -56,10 +55,10 @@ def run_doctor(args) -> int:
     from edgespec.runtime.sessions import check_threads, default_threads
 
     threads = check_threads(args.threads)
-    bundle = Bundle.load(args.bundle, verify="fast")
     if args.acceptance is not None and not 0.0 <= args.acceptance <= 1.0:
         from edgespec.errors import GenerationError
         raise GenerationError(f"--acceptance must be in [0, 1], got {args.acceptance}")
+    bundle = Bundle.load(args.bundle, verify="fast")
     if not args.json:
         print(f"machine: {cpu_description()}; onnxruntime {ort.__version__}; "
               f"{default_threads() if threads is None else threads} thread(s)")

@@ -182,3 +182,17 @@ def test_model_steps_beside_a_prefill_graph_that_pads_attention(bundle, home):
         want = dec.variant("ar").generate(ids, max_new_tokens=20).token_ids
         res = dec.generate(ids, max_new_tokens=20)
         assert res.token_ids == want and dec.target.prefill_graph_rows >= len(ids)
+
+
+def test_doctor_prints_the_profile_and_the_plan(tiny_padded_bundle, home, capsys):
+    from edgespec.cli import main
+    assert main(["doctor", "--bundle", str(tiny_padded_bundle), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "machine:" in out and "device profile (measured now" in out and "padded_attention.onnx" in out
+    assert "\nplan (profile):" in out and "why:" in out and "drafter step" in out
+    assert main(["doctor", "--bundle", str(tiny_padded_bundle), "--threads", "1", "--json", "--acceptance", "0.1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["acceptance"] == 0.1 and doc["profile"]["key"]["threads"] == 1
+    assert "measured now" not in json.dumps(doc)                       # the cached one, read
+    assert main(["doctor", "--bundle", str(tiny_padded_bundle), "--acceptance", "1.5"]) == 2
+    assert "--acceptance must be in [0, 1]" in capsys.readouterr().err
