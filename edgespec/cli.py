@@ -17,6 +17,7 @@ _COMMAND_MODULES = [
     "edgespec.models.cli",      # models list|pull
     "edgespec.export.cli",      # export
     "edgespec.runtime.cli",     # generate
+    "edgespec.runtime.doctor",  # doctor
     "edgespec.calibrate.cli",   # calibrate
     "edgespec.profiler.cli",    # bench, study, demo
     "edgespec.serve.cli",       # serve, chat

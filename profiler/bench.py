@@ -47,6 +47,7 @@ from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.config import SESSION_OPTIONS, check_decoder_settings, split_options
 from edgespec.runtime.checks import MAX_DRAFT_LENGTH, check_draft_length, check_generation_args
 from edgespec.runtime.decoder import SpeculativeDecoder
+from edgespec.runtime.device_profile import device_plan_summary
 from edgespec.runtime.manifest import manifest_sha256
 from edgespec.runtime.sessions import prefill_graph_applies
 from edgespec.runtime.strategies import get_strategy
@@ -328,6 +329,7 @@ def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook
             hook(rec)
     peers = make_peers(bundle, s) if s.peers else {}
     try:
+        device = device_plan_summary(bundle, s.threads, s.ep, progress=s.progress)   # before the decoders: they plan from it
         decoders = decoder_family(bundle, configs, s)
         if FAST_BASELINE not in decoders and decoders[("ar", 0)].target.min_tokens > 1:
             decoders[FAST_BASELINE] = decoders[("ar", 0)].variant("ar", plain_steps="fast")
@@ -364,6 +366,7 @@ def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook
     doc = R.build_report(s, bundle, runs, records, bandwidth, partial, [p.id for p, _ in encoded], skipped,
                          time.time() - t0)
     doc["resumed_generations"] = len(done or [])
+    doc["device_plan"] = device
     R.write_report(doc, out, progress=s.progress)
     return doc
 

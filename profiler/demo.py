@@ -209,8 +209,12 @@ def summary(doc: dict, report: Path, times: dict, total_s: float) -> str:
         lines.append(f"{label:<20}{_f(r.get('decode_tokens_per_s')):>13}{_f(r.get('decode_speedup')):>10}"
                      f"{_f(r.get('tokens_per_s')):>11}{_f(r.get('speedup')):>8}{_f(r.get('acceptance_rate')):>8}"
                      f"{_f(r.get('mean_gamma')):>8}")
+    device = doc.get("device_plan") or {}
     lines += [f"x = speedup against {base}, the fastest plain decoding of this graph: 'decode' after the first token "
               "(decode rate), 'e2e' with the prefill (end to end).", "", lossless_line(doc), "",
+              f"the default decoder's {device.get('plan', 'plan: not recorded (a report from before 2026-11-27)')}"
+              + (f" (device profile {device['profile']['measure_s']:.1f} s, once per machine)"
+                 if device.get("profile") else ""), "",
               "where the time went, ms per generated token (drafter prefill: ms per prompt):",
               f"{'row':<20}{'prefill':>9}{'drafter prefill':>17}{'draft':>8}{'verify':>8}{'overhead':>10}"]
     for r in runs:

@@ -56,12 +56,14 @@ class ModelFiles:
     io: dict = field(default_factory=dict)
     prefill_onnx: Path | None = None  # the target's fp32-compute prefill graph (export/prefill_graph.py), if any
     padded_onnx: Path | None = None   # the target's padded-attention graph (export/padded_attention.py), if any
+    padded_exact_at_export: bool = False   # its export-time check found it exact (on the exporting machine)
 
     @property
     def runtime_onnx(self) -> Path:
-        """The graph the runtime runs: the padded-attention graph where there is one (model.onnx stays
-        the builder's graph, for onnxruntime-genai)."""
-        return self.padded_onnx or self.onnx
+        """The graph the runtime runs where no device profile says otherwise (runtime/plan.py): the
+        padded-attention graph where the export found it exact (model.onnx stays the builder's graph,
+        for onnxruntime-genai)."""
+        return self.padded_onnx if self.padded_onnx is not None and self.padded_exact_at_export else self.onnx
 
     @property
     def tokenizer(self):
@@ -333,8 +335,11 @@ def _load_side(root: Path, manifest: dict, side: str, memory: DigestMemory | Non
     target = side == "target"     # the target's optional graphs: export/prefill_graph.py, export/padded_attention.py
     prefill = optional_file(root, manifest, "target/prefill.onnx", "target prefill graph") if target else None
     padded = optional_file(root, manifest, "target/padded_attention.onnx", "target padded-attention graph") if target else None
+    # before 2026-11-27 the export wrote the padded-attention graph only where its check found 0.0
+    padded_diff = (manifest.get("checks") or {}).get("padded_attention_vs_padded_steps_max_abs_diff")
     return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer_file=tok, chat_template=tpl, io=io,
-                      prefill_onnx=prefill, padded_onnx=padded)
+                      prefill_onnx=prefill, padded_onnx=padded,
+                      padded_exact_at_export=padded is not None and padded_diff in (None, 0, 0.0))
 
 
 def _why(exc: BaseException) -> str:

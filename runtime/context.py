@@ -190,10 +190,13 @@ class DrafterWindow:
     its KV holds at most `size` positions. A text longer than the window starts from its last size // 4
     tokens, and whenever the KV would grow past `size` it restarts from the last size // 4 again (one
     batched forward of those: a third of a drafter position re-fed per generated token, at a fraction of
-    a drafting step's cost per position). The first fill is a refill like the others: filling all `size`
-    positions at once (as before 2026-11-26) bought one round of wider context, then a refill a round
-    later; on the held-out set's long prompts it cost 1.1-1.2 s of the 0.5B drafter's time (319
-    positions) per generation, 15-20% of a 96-token answer's decode. A drafter whose tokenizer adds a BOS keeps
+    a drafting step's cost per position). The first fill is a refill like the others, for every text
+    longer than size // 4, short prompts included (since 2026-11-27): it feeds the last size // 4 tokens,
+    and the window grows from there as the text does. Filling all `size` positions at once (as before
+    2026-11-26) bought one round of wider context, then a refill a round later; on the held-out set's
+    long prompts it cost 1.1-1.2 s of the 0.5B drafter's time (319 positions) per generation, 15-20% of a
+    96-token answer's decode; a short prompt's whole text (up to `size` tokens) cost 1,026 ms a prompt
+    on the demo bench of a 2-core AVX2 EPYC (2026-11-27). A drafter whose tokenizer adds a BOS keeps
     it in front of a window that starts later (`sink`). size None: the whole text (no window).
     The window only changes what the drafter proposes, never what verification accepts."""
 
@@ -213,8 +216,9 @@ class DrafterWindow:
         runner) when the KV would exceed the window; at least one id (the last is re-run for fresh
         logits when the KV already holds everything)."""
         n = len(ids)
-        if self.size is not None and (self.anchor >= n or n - self.anchor + len(self.sink) > self.size):
-            first = runner.length == 0 and self.anchor == 0
+        first = runner.length == 0 and self.anchor == 0
+        if self.size is not None and (self.anchor >= n or n - self.anchor + len(self.sink) > self.size
+                                      or first and n > self.size // REFILL_FRACTION):
             anchor = max(0, n - max(1, self.size // REFILL_FRACTION))
             if anchor != self.anchor or runner.length:
                 self.refills += not first

@@ -32,6 +32,8 @@ from edgespec.runtime.checks import check_generation_args
 from edgespec.runtime.config import SESSION_OPTIONS, DecodeConfig, check_decoder_settings, with_deprecated
 from edgespec.runtime.chat import as_messages, compile_template, render_chat
 from edgespec.runtime.context import drafter_context
+from edgespec.runtime.device_profile import graph_paths, plan_for
+from edgespec.runtime.device_plan import DevicePlanning
 from edgespec.runtime.governor import Governor
 from edgespec.runtime.grammar import start_constraint
 from edgespec.runtime.kv import DeferredRunner, ModelRunner
@@ -83,9 +85,15 @@ class SpeculativeDecoder:
         uses_drafter = config.strategy.uses_drafter
         if uses_drafter and config.strategy.check:      # refuse before paying for the sessions
             config.strategy.check(bundle, dict(config.options))
+        # this machine's plan (runtime/plan.py): which graph runs the target, whether the drafter pays
+        self.planning = DevicePlanning(bundle, threads, ep, *plan_for(bundle, threads, ep),
+                                       measure=strategy == "auto")
+        step_graph = self.planning.plan.step_graph
+        if step_graph == "prefill":
+            prefill_graph = False          # the graph itself
         # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
-        requests = [dict(model_path=bundle.target.runtime_onnx, ep=ep, threads=threads, allow_fallback=allow_fallback,
-                         role="target", stop_spinning=uses_drafter)]
+        requests = [dict(model_path=graph_paths(bundle)[step_graph], ep=ep, threads=threads,
+                         allow_fallback=allow_fallback, role="target", stop_spinning=uses_drafter)]
         prefill_request, prefill_now, prefill_from = prefill_graph_request(bundle, prefill_graph, ep, requests[0],
                                                                            defer_drafter)
         if prefill_now:
@@ -109,6 +117,9 @@ class SpeculativeDecoder:
                                   prefill_factory=later, prefill_from=prefill_from,
                                   remember_chunks=None if prefill_request is None else partial(
                                       remembered, bundle.target.prefill_onnx, "prefill_chunks_exact", threads))
+        # the plan's step width; on another EP the runner's own probe may have padded (runtime/probes.py)
+        self.target.min_tokens = self.planning.plan.step_tokens if is_cpu_only(ep) else \
+            max(self.target.min_tokens, self.planning.plan.step_tokens)
         self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
         if prefill is not None:
             self.target.check_prefill_chunks()
@@ -217,10 +228,16 @@ class SpeculativeDecoder:
         """This decoder, or for strategy="auto" the variant it stands for in this sampling mode."""
         if self.strategy.name != "auto":
             return self
-        name = choose_auto(self.bundle, greedy, randomised=self.config.draft_probability is not None)
+        plan = self.planning.current()
+        name = choose_auto(self.bundle, greedy, randomised=self.config.draft_probability is not None,
+                           drafter=plan.drafter, exact=plan.gamma_max > 0)
         if name not in self._auto:
             self._auto[name] = self.variant(name, draft_probability=self.config.draft_probability, **self.config.options)
-        return self._auto[name]
+        dec = self._auto[name]
+        drafting = dec.governor_for("drafter") if dec.strategy.source else dec.governor
+        if drafting is not None and dec.strategy.uses_drafter:     # the plan's gamma range: drafter rounds only
+            drafting.cap = max(plan.gamma_max, 1)
+        return dec
 
     def _check_runner(self, runner: ModelRunner, info: dict, width: int, role: str) -> None:
         if isinstance(runner.vocab, int) and runner.vocab != width:
@@ -384,6 +401,7 @@ class SpeculativeDecoder:
             if finished and dec.config.prefix_reuse and gen.id == self._shared.generation:
                 kv_ids = (kv_ids or prompt_ids + gen.generated)[:gen.target.length]
                 self._shared.prefix.remember(kv_ids, dc.ids if dc else None, dc.window if dc else None)
+            self.planning.after_generation(dec, st)
             if gen.id == self._shared.generation:   # a superseded stream must not overwrite a newer result
                     self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,

@@ -48,6 +48,7 @@ class Governor:
         self.rounds_at_zero = 0
         self.speculative_rounds = 0
         self.current = 1
+        self.cap = self.gamma_max                   # a bound set from outside (the device plan's gamma range)
         self.plain_steps = 0.0                      # decayed counts over plain steps (gamma = 0)
         self.guesses = 0.0                          # ... that carried a lookup guess
         self.guesses_kept = 0.0
@@ -59,7 +60,7 @@ class Governor:
         """gamma for the next round, at most `limit` (tokens left, drafter context room). Moves by at
         most one from the last choice (a hill climb on the model's rate), so one noisy round cannot
         send gamma across the range, and the neighbours it compares are the ones measured most."""
-        limit = min(limit, self.gamma_max)
+        limit = min(limit, self.gamma_max, self.cap)
         if limit <= 0:
             return 0
         measured = np.flatnonzero(self.samples > 0)

@@ -129,6 +129,7 @@ class ModelRunner:
         # forward computes the same function. A padded-attention graph (PAD_ROWS_KEY) needs no padding.
         self.min_tokens = max(1, int(meta.get(MIN_TOKENS_KEY, 1))) if exact else 1
         self.pad_rows = max(0, int(meta.get(PAD_ROWS_KEY, 0)))
+        self.prefill_pad_rows = self.pad_rows      # the prefill graph's own (attach_prefill_graph)
         if kv not in ("auto", "copy"):
             raise ValueError(f"kv must be 'auto' or 'copy', got {kv!r}")
         self.shared = kv == "auto" and meta.get(KV_KEY) == "shared"
@@ -157,8 +158,9 @@ class ModelRunner:
         """Run long forwards on `session`, which must take and give what the graph does."""
         if _io(session) != _io(self.session):
             raise BundleError(f"{self.role} prefill graph's inputs and outputs differ from its graph's")
-        if _meta(session).get(PAD_ROWS_KEY) != _meta(self.session).get(PAD_ROWS_KEY):
-            raise BundleError(f"{self.role} prefill graph's attention padding differs from its graph's")
+        # made from the padded-attention graph where the bundle has one (export/prefill_graph.py), it may
+        # pad attention where the graph the device plan runs does not: each forward feeds its own session's
+        self.prefill_pad_rows = max(0, int(_meta(session).get(PAD_ROWS_KEY, 0)))
         self.prefill_session = session
         if self._kv is not None:                  # both graphs read and write the same KV buffers
             self._prefill_binding = self._bind_kv(session)
@@ -207,8 +209,9 @@ class ModelRunner:
 
     def reserve(self, positions: int) -> None:
         """Make room for `positions` cached positions now (shared layout), so no forward grows the cache."""
-        if self.shared and positions + self.pad_rows > self.capacity:
-            self._grow(positions + self.pad_rows)
+        pad = max(self.pad_rows, self.prefill_pad_rows)
+        if self.shared and positions + pad > self.capacity:
+            self._grow(positions + pad)
 
     def _grow(self, needed: int) -> None:
         import onnxruntime as ort  # lazy: importing the runtime (and `edgespec --help`) needs no onnxruntime
@@ -324,7 +327,7 @@ class ModelRunner:
 
     def _run_shared(self, input_ids: np.ndarray, past: int, rows: int, on_prefill: bool) -> np.ndarray:
         s = input_ids.shape[1]
-        end = past + s + self.pad_rows          # the graph also writes its pad rows' KV (never counted)
+        end = past + s + (self.prefill_pad_rows if on_prefill else self.pad_rows)   # the pad rows' KV: never counted
         if end > self.capacity:
             self._grow(end)
         io = self._prefill_binding if on_prefill else self._binding
@@ -344,7 +347,8 @@ class ModelRunner:
 
     def _run_copy(self, input_ids: np.ndarray, past: int, rows: int, on_prefill: bool) -> np.ndarray:
         s = input_ids.shape[1]
-        feeds = {"input_ids": input_ids, "attention_mask": np.ones((1, past + s + self.pad_rows), dtype=np.int64)}
+        pad = self.prefill_pad_rows if on_prefill else self.pad_rows
+        feeds = {"input_ids": input_ids, "attention_mask": np.ones((1, past + s + pad), dtype=np.int64)}
         if self.keeps_last:
             feeds[LOGITS_TO_KEEP] = self._keep_feed(rows, s)
         if self.has_position_ids:
@@ -353,7 +357,7 @@ class ModelRunner:
             # A cropped cache is a strided view; ORT needs C-contiguous input (one copy, only after a crop).
             feeds[name] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
         out = (self.prefill_session if on_prefill else self.session).run(self.output_names, feeds)
-        self.past = [p[:, :, :past + s] for p in out[1:]] if self.pad_rows else out[1:]
+        self.past = [p[:, :, :past + s] for p in out[1:]] if pad else out[1:]
         return out[0][0] if out[0].dtype == np.float32 else out[0][0].astype(np.float32)
 
     def run_extra(self, names: Sequence[str]) -> list[np.ndarray]:

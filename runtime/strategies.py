@@ -121,7 +121,7 @@ for _s in (
     register(_s)
 
 
-def choose_auto(bundle, greedy: bool, randomised: bool = False) -> str:
+def choose_auto(bundle, greedy: bool, randomised: bool = False, drafter: bool = True, exact: bool = True) -> str:
     """strategy="auto" (docs/samplers.md; measured: docs/results.md): on a heterogeneous pair SLEM, greedy or sampled
     (string-level matching drafts the tokens TLI's intersection cannot: 1.31-1.45x against TLI's
     0.96-1.15x on qwen-smollm and qwen-gemma); on a shared tokenizer TLI (= sd), whose rejection
@@ -131,7 +131,14 @@ def choose_auto(bundle, greedy: bool, randomised: bool = False) -> str:
     (context.DrafterWindow), so copying from a long prompt (extraction, RAG, edits) is the lookup's job:
     on a 844-token extraction prompt a 128-256-token drafter window accepted 0.33-0.40 where the whole
     prompt gave 1.0 (benchmarks/window_sweep.py, calib split). Randomised drafting needs a token-level
-    strategy: TLI."""
+    strategy: TLI.
+
+    The device plan (runtime/plan.py) may say the drafter does not pay on this machine (`drafter=False`:
+    prompt lookup alone, `ngram`), or that no speculation is exact here (`exact=False`: `ar`)."""
+    if not exact:
+        return "ar"
+    if not drafter and not randomised:
+        return "ngram"
     if randomised:
         return "tli"
     return "ngram-tli" if bundle.same_tokenizer else "slem"

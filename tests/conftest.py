@@ -9,6 +9,7 @@ Fixtures (session-scoped unless noted):
   tiny_hetero_bundle   Path: target tiny-bl-a (byte-level), drafter tiny-sp (SentencePiece-style, pruned)
   tiny_int4_bundle     Path: tiny-bl-a as target and pruned drafter, int4 (accuracy_level 4: 1-token target
                        steps padded to 2, min_forward_tokens), with the target's prefill graph
+  tiny_padded_bundle   Path: tiny-bl-a builder int4 pair whose target pads 1-token steps, with a padded-attention graph
   tiny_export_cache    Path of the ONNX export cache the tiny bundles used
   copy_bundle          (function) copy_bundle(path) -> a private copy under tmp_path, safe to corrupt
   smollm_self_bundle   Path: the real smollm-self pair exported with keep 8192 (marks: use with @pytest.mark.real)
@@ -33,6 +34,9 @@ if str(_TESTS) not in sys.path:
 import tinymodels  # noqa: E402
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Decoders plan from the export's checks (runtime/plan.py `export_plan`) unless a test says otherwise:
+# a device profile measured after a test's first generation would change later tests' plans.
+os.environ.setdefault("EDGESPEC_DEVICE_PROFILE", "off")
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +89,24 @@ def tiny_int4_bundle(tiny_models, tiny_export_cache, tmp_path_factory) -> Path:
     n = json.loads((m / "config.json").read_text())["vocab_size"]
     return export_bundle(str(m), str(m), tmp_path_factory.mktemp("int4") / "b", keep=(3 * n) // 4, pair="tiny-q",
                          progress=False, cache=tiny_export_cache, transform=make_transform("int4", "int4", quality_tokens=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_padded_bundle(tiny_models, tmp_path_factory) -> Path:
+    """A tiny builder int4 pair exported with the batch-invariance tolerance at 0: its target asks for
+    padded 1-token steps and has a padded-attention graph (tests/test_padded_attention.py)."""
+    import json
+
+    from edgespec.export import quality
+    from edgespec.export.bundle_writer import export_bundle
+    m = tiny_models["tiny-bl-a"]
+    n = json.loads((m / "config.json").read_text())["vocab_size"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quality, "BATCH_TOL", 0.0)
+        return export_bundle(str(m), str(m), tmp_path_factory.mktemp("padded") / "b", keep=(3 * n) // 4,
+                             pair="tiny-int4", graph="builder", progress=False,
+                             cache=tmp_path_factory.mktemp("padded-cache"),
+                             builder={"target": "int4", "drafter": "int4", "quality_tokens": 0})
 
 
 @pytest.fixture

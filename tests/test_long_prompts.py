@@ -57,13 +57,8 @@ def test_stripped_graph_is_the_original(bundles, tiny_same_bundle, copy_bundle):
     np.testing.assert_allclose(plain.forward(ids, last=1), edited.forward(ids, last=1), atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["same", "self", "hetero"])
-@pytest.mark.parametrize("window", [6, 16])
-def test_windowed_drafter_keeps_greedy_identity_and_its_bound(bundles, name, window):
-    b = bundles[name]
-    ar = SpeculativeDecoder(b, strategy="ar", threads=1, options={"prefix_reuse": False})
-    dec = SpeculativeDecoder(b, strategy="tli" if name != "hetero" else "slem", draft_length=3, threads=1,
-                             options={"drafter_window": window, "prefix_reuse": False})
+def _drafter_lengths(dec) -> list[int]:
+    """The drafter's KV length after each of its forwards, appended as they run."""
     seen = []
     forward = dec.drafter.forward
 
@@ -72,6 +67,17 @@ def test_windowed_drafter_keeps_greedy_identity_and_its_bound(bundles, name, win
         seen.append(dec.drafter.length)
         return out
     dec.drafter.forward = observed
+    return seen
+
+
+@pytest.mark.parametrize("name", ["same", "self", "hetero"])
+@pytest.mark.parametrize("window", [6, 16])
+def test_windowed_drafter_keeps_greedy_identity_and_its_bound(bundles, name, window):
+    b = bundles[name]
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1, options={"prefix_reuse": False})
+    dec = SpeculativeDecoder(b, strategy="tli" if name != "hetero" else "slem", draft_length=3, threads=1,
+                             options={"drafter_window": window, "prefix_reuse": False})
+    seen = _drafter_lengths(dec)
     res = dec.generate(LONG, max_new_tokens=N)
     assert res.token_ids == ar.generate(LONG, max_new_tokens=N).token_ids
     assert seen and max(seen) <= window
@@ -158,3 +164,19 @@ def test_fast_plain_steps_skip_the_padding(bundles):
         exact.target.min_tokens = 1
     assert padded - unpadded == 7                # one pad position per plain step after the prefill
     assert a.token_ids == f.token_ids            # this fp32 graph computes the same on both paths
+
+
+@pytest.mark.parametrize("name", ["same", "hetero"])
+def test_a_short_prompt_fills_the_window_bounded_too(bundles, name):
+    """A prompt shorter than the window but longer than a quarter of it: the first fill feeds its last
+    window // 4 tokens (+ a BOS sink), then the window grows with the text; output equal to ar's."""
+    b, window = bundles[name], 64
+    ar = SpeculativeDecoder(b, strategy="ar", threads=1, options={"prefix_reuse": False})
+    dec = SpeculativeDecoder(b, strategy="tli" if name != "hetero" else "slem", draft_length=3, threads=1,
+                             options={"drafter_window": window, "prefix_reuse": False})
+    prompt = LONG[:120]
+    seen = _drafter_lengths(dec)
+    res = dec.generate(prompt, max_new_tokens=N)
+    assert window // 4 < res.stats.prompt_tokens < window
+    assert res.token_ids == ar.generate(prompt, max_new_tokens=N).token_ids
+    assert seen[0] <= window // 4 + 1 and max(seen) > seen[0] and res.stats.draft_refills == 0

@@ -1,0 +1,97 @@
+"""A decoder's plan over its life: the plan its sessions were made for, re-planned as acceptance is measured,
+and the device profile measured beside it where this machine has none yet.
+
+`SpeculativeDecoder` makes one `DevicePlanning` from `device_profile.plan_for` before it creates its
+sessions: the plan's graph runs the target for the decoder's whole life. `current()` is the plan on that
+graph at the acceptance measured so far (the drafter's draft-length governor: decayed counts per draft
+position, pooled), which decides, before each generation of strategy="auto", whether the drafter runs and
+the range of gamma (runtime/plan.py). Once the drafter stops paying it is not used again by this decoder.
+
+Without a cached profile ($EDGESPEC_DEVICE_PROFILE=auto, the CPU EP, a decoder made with strategy "auto",
+the one the plan is for) the profile is measured once, after the decoder's first generation ends, on a thread that holds the decoder's lock (a call that comes
+meanwhile waits for it): never in a first token's time. Its sessions are the decoder's where it has them
+(the step graph's, a built drafter's); the process waits for it at exit, so it is measured once per
+machine. It plans the next generations of this decoder (drafter and gamma; the graph at the next load).
+"""
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+
+from edgespec.runtime.device_profile import ensure_profile, graph_paths, profile_mode
+from edgespec.runtime.plan import make_plan
+from edgespec.runtime.sessions import is_cpu_only
+
+MIN_REACHED = 8.0        # decayed draft positions reached before the measured acceptance replaces the prior
+_RUNNING: list[threading.Thread] = []
+
+
+def _join_running() -> None:
+    if any(t.is_alive() for t in _RUNNING):
+        print("edgespec: finishing this machine's device profile (once per machine)", file=sys.stderr, flush=True)
+    for t in list(_RUNNING):
+        t.join()
+
+
+atexit.register(_join_running)
+
+
+class DevicePlanning:
+    def __init__(self, bundle, threads, ep, profile, plan, measure: bool = True):
+        self.bundle, self.threads, self.ep = bundle, threads, ep
+        self.measure = measure             # measure a missing profile (decoders of strategy "auto" do)
+        self.profile = profile
+        self.plan = plan                   # the plan the decoder's sessions were made for
+        self.drafter_governor = None       # the governor of the drafter's rounds, once any ran
+        self.drafter_stopped = False
+        self.measuring: threading.Thread | None = None
+        self.measure_note: str | None = None
+
+    def acceptance(self) -> float | None:
+        """The drafter's per-position acceptance so far (decayed), None before MIN_REACHED positions."""
+        g = self.drafter_governor
+        if g is None or g.reached.sum() < MIN_REACHED:
+            return None
+        return float(g.accepted.sum() / g.reached.sum())
+
+    def current(self):
+        """The plan for the next generation (module docstring)."""
+        if self.profile is None:
+            return self.plan
+        plan = make_plan(self.profile, self.acceptance(), graph=self.plan.step_graph)
+        if plan.drafter and self.drafter_stopped:
+            from dataclasses import replace
+            plan = replace(plan, drafter=False, reasons=plan.reasons + ("the drafter stopped paying earlier",))
+        self.drafter_stopped = self.drafter_stopped or (not plan.drafter and self.acceptance() is not None)
+        return plan
+
+    def after_generation(self, dec, stats) -> None:
+        """Book the generation's drafter acceptance (its governor's counts) and, where this machine has no
+        profile yet, start measuring it."""
+        if dec.strategy.uses_drafter:
+            gov = dec.source_governors.get("drafter") if dec.strategy.source else dec.governor
+            self.drafter_governor = gov or self.drafter_governor
+        if self.measure and self.profile is None and self.measuring is None and profile_mode() == "auto" \
+                and is_cpu_only(self.ep):
+            self.measuring = threading.Thread(target=self._measure, args=(dec,), name="edgespec-device-profile",
+                                              daemon=True)
+            _RUNNING.append(self.measuring)
+            self.measuring.start()
+
+    def _measure(self, dec) -> None:
+        try:
+            with dec._shared.lock:         # noqa: SLF001 - the decoder's own lock: no generation meanwhile
+                sessions = {graph_paths(self.bundle)[self.plan.step_graph]: dec.target.session}
+                drafter = getattr(dec, "drafter", None)
+                drafter_session = None if drafter is None or drafter.pending else drafter.session
+                self.profile, measured = ensure_profile(self.bundle, self.threads, sessions=sessions,
+                                                        drafter_session=drafter_session)
+                if measured:
+                    self.measure_note = f"device profile measured in {self.profile.measure_s:.1f} s"
+        except Exception as exc:     # noqa: BLE001 - a failed measurement leaves the export's plan in place
+            print(f"edgespec: the device profile could not be measured ({str(exc)[:120]}); the export's plan "
+                  "stays", file=sys.stderr)
+        finally:
+            if self.measuring in _RUNNING:
+                _RUNNING.remove(self.measuring)

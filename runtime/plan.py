@@ -1,0 +1,152 @@
+"""The decoding plan for a bundle on this machine: a pure function of (device profile, acceptance so far).
+
+`make_plan(profile, acceptance)` (runtime/device_profile.py measures the profile) decides:
+
+- **which graph runs the exact steps**: among the target's graph variants whose forwards of 2+ tokens
+  agree here (`wide_exact`), the one whose exact plain step is cheapest: a 1-token forward where
+  1-token forwards are exact here, else a 2-token forward (runtime/kv.py pads it, `step_tokens` 2);
+- **whether the drafter pays at all**: on each such graph, with c(k) its measured k-token forward, d the
+  drafter's step and alpha the acceptance per draft position (the running one, else PRIOR_ACCEPTANCE),
+
+      tau(gamma)  = (1 - alpha^(gamma+1)) / (1 - alpha)        expected tokens per round
+      rate(gamma) = tau(gamma) / (gamma * d + c(gamma + 1))     tokens per ms;   rate(0) = 1 / step
+
+  The drafter runs only where the best speculative rate beats the best exact plain rate by DRAFTER_MARGIN
+  (what the formula leaves out: the drafter's window fill and catch-up, sampling, the round's
+  bookkeeping); otherwise the default decodes plainly and never builds the drafter;
+- **the range of gamma**: 1..gamma_max, the draft lengths whose rate is within GAMMA_SLACK of the best
+  (the draft-length governor, runtime/governor.py, chooses inside it per round);
+- **lookup guesses**: free where the step pads to 2 tokens (the guess takes the padded row), else the
+  governor's (they widen the forward: Governor.guess_pays).
+
+Without a profile (none measured yet on this machine, a GPU EP, or $EDGESPEC_DEVICE_PROFILE=off) the plan
+is the export's (`export_plan`): the graph the export found exact, the drafter on, gamma up to the
+decoder's max_draft_length: the behaviour before 2026-11-27. Where no graph's 2+-token forwards agree
+here, nothing speculative is exact: plain 1-token steps on model.onnx, no guesses, no drafter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Per-position acceptance before any is measured: the Qwen2.5-Coder 1.5B + 0.5B int4 pair's `tli` on
+# 13 held-out prompts accepted 0.63 of its drafts at gamma 2 and 0.54 at gamma 3 (2026-11-24), i.e.
+# (alpha + alpha^2) / 2 and (alpha + alpha^2 + alpha^3) / 3 at alpha 0.72-0.73 per position.
+PRIOR_ACCEPTANCE = 0.7
+# The drafter must beat plain decoding by this much on paper: on the AVX2 EPYC (2026-11-27) the formula
+# said 1.29x over padded plain steps at gamma 1 where the default decoder measured 1.10x over `ar`.
+DRAFTER_MARGIN = 1.15
+GAMMA_SLACK = 0.9
+MAX_GAMMA = 8
+GRAPH_WORDS = {"model": "model.onnx", "padded_attention": "padded_attention.onnx", "prefill": "prefill.onnx"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    step_graph: str                 # device_profile.GRAPHS name whose session runs every target forward
+    step_tokens: int                # an exact plain step's width (2: a 1-token step padded)
+    drafter: bool                   # the default strategy uses the drafter
+    gamma_max: int                  # drafts per round at most (0: nothing speculative is exact here)
+    free_guess: bool                # a plain step's lookup guess rides in its padded row
+    source: str                     # "profile" or "export"
+    acceptance: float | None = None
+    rates: dict = field(default_factory=dict)     # {(graph, gamma): expected tokens per second}
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def graph_file(self) -> str:
+        return GRAPH_WORDS[self.step_graph]
+
+    def describe(self) -> str:
+        """One line: the plan in words."""
+        if self.gamma_max == 0:
+            what = "plain 1-token steps only (no exact speculation on this machine)"
+        elif self.drafter:
+            what = f"speculative with the drafter, gamma 1..{self.gamma_max}"
+        else:
+            what = "plain decoding with lookup guesses" + (" (free, in the padded row)" if self.free_guess else "")
+        step = "1-token" if self.step_tokens == 1 else "padded 2-token"
+        return f"plan ({self.source}): {what}; exact steps on {self.graph_file} ({step} forwards)"
+
+
+def tau(alpha: float, gamma: int) -> float:
+    """Expected tokens a round of `gamma` drafts commits at per-position acceptance alpha."""
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def export_plan(padded_exact_at_export: bool, min_forward_tokens: int, has_padded: bool,
+                max_gamma: int = MAX_GAMMA) -> Plan:
+    """The plan without a profile: what the export measured on its own machine decides."""
+    padded = has_padded and padded_exact_at_export
+    tokens = 1 if padded else max(1, int(min_forward_tokens))
+    return Plan(step_graph="padded_attention" if padded else "model", step_tokens=tokens, drafter=True,
+                gamma_max=max_gamma, free_guess=tokens >= 2, source="export",
+                reasons=("no device profile of this machine yet: the export's checks choose the graph",))
+
+
+def _step(g) -> tuple[int, float] | None:
+    """(width, ms) of an exact plain step on a graph profile, None where no step is exact there."""
+    if not g.measured or not g.wide_exact or len(g.cost_ms) < 2:
+        return None
+    k = 1 if g.one_token_exact else 2
+    return k, g.cost_ms[k - 1]
+
+
+def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAMMA, graph: str | None = None) -> Plan:
+    """The plan for `profile` (a device_profile.DeviceProfile, or anything with `.graphs` and
+    `.drafter_step_ms`) at per-position acceptance `acceptance` (None: PRIOR_ACCEPTANCE). `graph`: only
+    that graph variant may run the steps (a decoder whose target session exists re-plans on it)."""
+    alpha = PRIOR_ACCEPTANCE if acceptance is None else min(max(float(acceptance), 0.0), 1.0)
+    reasons: list[str] = []
+    for name, g in profile.graphs.items():
+        word = GRAPH_WORDS.get(name, name)
+        if not g.measured:
+            reasons.append(f"{word}: {g.note or 'not measured'}")
+        elif not g.wide_exact:
+            reasons.append(f"{word}: forwards of 2+ tokens disagree here (max |diff| {g.wide_max_abs_diff:.3g}): "
+                           "no exact speculation on it")
+        elif not g.one_token_exact:
+            reasons.append(f"{word}: 1-token forwards differ from wider ones here (max |diff| "
+                           f"{g.one_token_max_abs_diff:.3g}): its exact steps are padded to 2 tokens")
+        else:
+            reasons.append(f"{word}: every width computes the same logits here")
+    steps = {name: s for name, g in profile.graphs.items()
+             if (graph is None or name == graph) and (s := _step(g)) is not None}
+    if not steps:
+        reasons.append("no graph computes the same logits for every forward width here: plain 1-token steps")
+        return Plan("model", 1, drafter=False, gamma_max=0, free_guess=False, source="profile", acceptance=alpha,
+                    reasons=tuple(reasons))
+    plain = {name: 1000.0 / ms for name, (_, ms) in steps.items()}
+    rates = {(name, 0): r for name, r in plain.items()}
+    d = profile.drafter_step_ms
+    spec: dict[tuple[str, int], float] = {}
+    if d is not None:
+        for name in steps:
+            cost = profile.graphs[name].cost_ms
+            for gamma in range(1, min(max_gamma, len(cost) - 1) + 1):
+                spec[(name, gamma)] = 1000.0 * tau(alpha, gamma) / (gamma * d + cost[gamma])
+        rates.update(spec)
+    best_plain = max(plain, key=plain.get)
+    best_spec = max(spec, key=spec.get) if spec else None
+    fmt = lambda key: f"{rates[key]:.1f} tok/s"      # noqa: E731 - one format for the reasons
+    reasons.append(f"fastest exact plain decoding: {GRAPH_WORDS[best_plain]}, {fmt((best_plain, 0))}")
+    if d is None:
+        reasons.append("no drafter in this bundle")
+    elif best_spec is not None:
+        gain = spec[best_spec] / plain[best_plain]
+        reasons.append(f"best speculative round at acceptance {alpha:.2f}: {GRAPH_WORDS[best_spec[0]]} gamma "
+                       f"{best_spec[1]}, {fmt(best_spec)} ({gain:.2f}x plain; the drafter runs from "
+                       f"{DRAFTER_MARGIN:.2f}x, drafter step {d:.1f} ms)")
+    if best_spec is not None and spec[best_spec] >= DRAFTER_MARGIN * plain[best_plain]:
+        graph = best_spec[0]
+        top = spec[best_spec]
+        gamma_max = max(g for (n, g), r in spec.items() if n == graph and r >= GAMMA_SLACK * top)
+        tokens = steps[graph][0]
+        return Plan(graph, tokens, drafter=True, gamma_max=gamma_max, free_guess=tokens >= 2, source="profile",
+                    acceptance=alpha, rates=rates, reasons=tuple(reasons))
+    if d is not None:
+        reasons.append("the drafter does not pay here: plain decoding with lookup guesses, no drafter")
+    tokens = steps[best_plain][0]
+    return Plan(best_plain, tokens, drafter=False, gamma_max=max_gamma, free_guess=tokens >= 2, source="profile",
+                acceptance=alpha, rates=rates, reasons=tuple(reasons))

@@ -1,0 +1,160 @@
+"""The plan (runtime/plan.py) from injected device profiles: a batch-invariant CPU, one like the 2-core AVX2
+EPYC without VNNI of 2026-11-27 (padded-attention graph inexact, a 2-token forward 1.23x a 1-token step,
+a drafter step 0.30x, 1-token steps not exact), one where only 1-token steps are exact, and a more
+compute-bound one where the drafter never pays."""
+import pytest
+
+from edgespec.runtime.device_profile import DeviceProfile, GraphProfile
+from edgespec.runtime.plan import DRAFTER_MARGIN, PRIOR_ACCEPTANCE, export_plan, make_plan, tau
+from edgespec.runtime.strategies import choose_auto
+
+
+def curve(step: float, ratios) -> list[float]:
+    return [round(step * r, 3) for r in ratios]
+
+
+def exact(cost, one=True) -> GraphProfile:
+    return GraphProfile(measured=True, one_token_exact=one, wide_exact=True, one_token_max_abs_diff=0.0 if one else 0.2,
+                        wide_max_abs_diff=0.0, cost_ms=cost)
+
+
+def inexact(cost, diff=0.583) -> GraphProfile:
+    return GraphProfile(measured=True, one_token_exact=False, wide_exact=False, one_token_max_abs_diff=diff,
+                        wide_max_abs_diff=diff, cost_ms=cost)
+
+
+def profile(graphs: dict, drafter_ms: float | None) -> DeviceProfile:
+    return DeviceProfile(key={}, graphs=graphs, drafter_step_ms=drafter_ms, measure_s=1.0, measured_utc="-")
+
+
+# memory-bound ratios of a k-token forward to a 1-token one (int4 1.5B, 2-core Xeon), k = 1..9
+XEON = (1.0, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4, 1.5, 1.65)
+# the EPYC's: 2 tokens 1.23x, 3 tokens 1.7x, 5 tokens 2.44x (FACTS.md, 2026-11-24/27)
+EPYC = (1.0, 1.23, 1.7, 2.07, 2.44, 2.8, 3.2, 3.6, 4.0)
+
+
+def batch_invariant() -> DeviceProfile:
+    return profile({"padded_attention": exact(curve(62.6, XEON)), "model": exact(curve(64.0, XEON))}, 19.0)
+
+
+def epyc_like() -> DeviceProfile:
+    return profile({"padded_attention": inexact(curve(98.0, EPYC)),
+                    "model": exact(curve(100.6, EPYC), one=False),
+                    "prefill": GraphProfile(cost_ms=[260.0], note="1-token forward 260.0 ms, slower")}, 30.2)
+
+
+def only_one_token() -> DeviceProfile:
+    return profile({"padded_attention": inexact(curve(62.0, XEON), 0.1), "model": inexact(curve(64.0, XEON), 0.1)},
+                   19.0)
+
+
+def test_a_batch_invariant_cpu_runs_the_cheapest_exact_step_and_speculates():
+    plan = make_plan(batch_invariant())
+    assert plan.step_graph == "padded_attention" and plan.step_tokens == 1 and not plan.free_guess
+    assert plan.drafter and 1 <= plan.gamma_max <= 8 and plan.source == "profile"
+    assert "plan" in plan.describe() and "padded_attention.onnx" in plan.describe()
+    # the cheaper graph wins when the costs swap
+    swapped = profile({"padded_attention": exact(curve(70.0, XEON)), "model": exact(curve(64.0, XEON))}, 19.0)
+    assert make_plan(swapped).step_graph == "model" and make_plan(swapped).step_tokens == 1
+
+
+def test_an_epyc_like_cpu_pads_model_onnx_and_speculates_only_where_acceptance_pays():
+    p = epyc_like()
+    plan = make_plan(p)
+    assert plan.step_graph == "model" and plan.step_tokens == 2 and plan.free_guess
+    assert plan.drafter and plan.gamma_max <= 2                     # verify costs grow fast: short drafts only
+    plain = 1000 / p.graphs["model"].cost_ms[1]
+    assert plan.rates[("model", 0)] == pytest.approx(plain)
+    assert plan.rates[("model", 1)] == pytest.approx(1000 * tau(PRIOR_ACCEPTANCE, 1) / (30.2 + 123.738))
+    low = make_plan(p, acceptance=0.4)                              # 1.4 / 1.53 of a padded step: 1.13x < margin
+    assert not low.drafter and low.step_graph == "model" and low.free_guess and low.gamma_max == 8
+    assert any("does not pay" in r for r in low.reasons)
+    assert any("padded_attention.onnx" in r and "disagree" in r for r in plan.reasons)
+    assert any("prefill.onnx" in r and "slower" in r for r in plan.reasons)
+    assert choose_auto(_Bundle(), True, drafter=low.drafter) == "ngram"
+    assert choose_auto(_Bundle(), True, drafter=plan.drafter) == "ngram-tli"
+
+
+def test_only_one_token_steps_exact_means_no_speculation():
+    plan = make_plan(only_one_token())
+    assert plan.gamma_max == 0 and not plan.drafter and not plan.free_guess and plan.step_tokens == 1
+    assert choose_auto(_Bundle(), True, drafter=plan.drafter, exact=plan.gamma_max > 0) == "ar"
+
+
+def test_the_drafter_never_pays_on_a_compute_bound_cpu():
+    """threads=1 on a weaker CPU: a drafter step 0.5x a target step and every extra token +60%."""
+    steep = (1.0, 1.6, 2.2, 2.8, 3.4, 4.0, 4.6, 5.2, 5.8)
+    p = profile({"padded_attention": exact(curve(140.0, steep))}, 70.0)
+    for alpha in (0.5, 0.7, 0.9):
+        assert not make_plan(p, acceptance=alpha).drafter
+    cheap = profile({"padded_attention": exact(curve(140.0, XEON))}, 70.0)   # the same drafter, flat verify costs
+    assert make_plan(cheap, acceptance=0.9).drafter
+
+
+def test_the_margin_is_the_line():
+    """drafter exactly at the margin: on; just below: off (the decision is the documented formula)."""
+    alpha = 0.6
+    v = 100.0
+    d = (tau(alpha, 1) * 100.0 / DRAFTER_MARGIN) - v     # rate(1) = margin * rate(0) at a 100 ms step
+    p = profile({"model": exact([100.0, v, 180.0, 260.0])}, d - 1e-6)
+    assert make_plan(p, acceptance=alpha, max_gamma=1).drafter
+    p = profile({"model": exact([100.0, v, 180.0, 260.0])}, d + 0.5)
+    assert not make_plan(p, acceptance=alpha, max_gamma=1).drafter
+
+
+def test_a_plan_restricted_to_the_loaded_graph():
+    p = batch_invariant()
+    assert make_plan(p, graph="model").step_graph == "model"
+    assert make_plan(epyc_like(), graph="padded_attention").gamma_max == 0
+
+
+def test_no_drafter_in_the_bundle():
+    p = profile({"padded_attention": exact(curve(62.6, XEON))}, None)
+    plan = make_plan(p)
+    assert not plan.drafter and plan.gamma_max == 8 and any("no drafter" in r for r in plan.reasons)
+
+
+def test_the_export_plan_is_the_behaviour_before_profiles():
+    assert export_plan(True, 2, True).step_graph == "padded_attention"
+    assert export_plan(True, 2, True).step_tokens == 1
+    old = export_plan(False, 2, True)               # the export's check failed there
+    assert old.step_graph == "model" and old.step_tokens == 2 and old.free_guess and old.drafter
+    assert export_plan(False, 1, False).step_tokens == 1
+
+
+class _Bundle:
+    same_tokenizer = True
+
+
+def test_the_governor_keeps_inside_the_plans_cap():
+    """Perfect acceptance and flat round costs would climb to gamma_max; the plan's cap bounds it."""
+    from edgespec.runtime.governor import Governor
+    g = Governor(8)
+    g.cap = 2
+    chosen = []
+    for _ in range(60):
+        gamma = g.choose(8)
+        chosen.append(gamma)
+        g.update(gamma, gamma, 10.0 + gamma)
+    assert max(chosen) == 2
+    g.cap = 8
+    for _ in range(60):
+        gamma = g.choose(8)
+        chosen.append(gamma)
+        g.update(gamma, gamma, 10.0 + gamma)
+    assert max(chosen) > 2
+
+
+def test_a_decoder_replans_on_its_drafters_acceptance_and_stays_without_it():
+    from edgespec.runtime.device_plan import MIN_REACHED, DevicePlanning
+    from edgespec.runtime.governor import Governor
+    profile = epyc_like()
+    planning = DevicePlanning(None, 2, "cpu", profile, make_plan(profile))
+    assert planning.current().drafter and planning.acceptance() is None      # the prior
+    gov = Governor(8)
+    planning.drafter_governor = gov
+    gov.reached[:2], gov.accepted[:2] = MIN_REACHED, 0.35 * MIN_REACHED        # 0.35 per position
+    assert planning.acceptance() == pytest.approx(0.35) and not planning.current().drafter
+    gov.accepted[:2] = 0.9 * MIN_REACHED                                       # better later: stopped for good
+    plan = planning.current()
+    assert not plan.drafter and "stopped paying" in plan.reasons[-1]

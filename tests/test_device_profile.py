@@ -1,0 +1,198 @@
+"""The device profile (runtime/device_profile.py) measured on the tiny builder int4 pair, its cache, and the
+decoder's use of it (runtime/device_plan.py): keyed by bundle, ORT, CPU and threads; a damaged one is
+measured again, saying so; a plan from it decides the graph, the drafter and gamma, losslessly."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from edgespec.runtime import Bundle, SpeculativeDecoder
+from edgespec.runtime import device_profile as dp
+from edgespec.runtime.device_plan import _join_running
+
+PROMPT = "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, item):"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(dp.MODE_ENV, "cached")
+    return tmp_path / "home"
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_padded_bundle) -> Bundle:
+    return Bundle.load(tiny_padded_bundle)
+
+
+def test_measured_once_then_read(bundle, home):
+    profile, measured = dp.ensure_profile(bundle, threads=1)
+    assert measured and profile.key["threads"] == 1 and profile.drafter_step_ms > 0
+    first = profile.graphs["padded_attention"]
+    assert first.measured and len(first.cost_ms) == dp.TAIL and all(c > 0 for c in first.cost_ms)
+    assert first.one_token_exact in (True, False) and first.wide_exact in (True, False)
+    if not (first.one_token_exact and first.wide_exact):
+        assert profile.graphs["model"].measured           # measured only where the padded graph is not exact
+    again, measured = dp.ensure_profile(bundle, threads=1)
+    assert not measured and again == profile
+    assert dp.profile_path(profile.key).parent == home / "profiles"
+
+
+def test_the_probe_sees_what_the_runtime_pads(bundle):
+    """model.onnx pads 1-token steps because they differ from wider forwards (the export measured 2e-6):
+    the probe, on a runner that does not pad, finds that; its 2+-token forwards agree."""
+    from edgespec.runtime.kv import ModelRunner
+    from edgespec.runtime.sessions import create_session
+
+    runner = ModelRunner(create_session(bundle.target.onnx, "cpu", threads=1)[0], "target", exact=False)
+    g = dp.probe_graph(runner, dp.probe_ids(bundle, dp.PREFIX + dp.TAIL))
+    assert g.wide_exact and g.wide_max_abs_diff == 0.0
+    assert g.one_token_exact is (g.one_token_max_abs_diff == 0.0)
+    assert runner.length == 0
+
+
+def test_another_thread_count_ort_or_bundle_is_another_profile(bundle, home, monkeypatch, tiny_self_bundle):
+    profile, _ = dp.ensure_profile(bundle, threads=1)
+    assert dp.load_profile(bundle, threads=2) is None
+    other = Bundle.load(tiny_self_bundle)
+    assert dp.profile_key(other, 1) != profile.key and dp.load_profile(other, 1) is None
+    import onnxruntime as ort
+    monkeypatch.setattr(ort, "__version__", "0.0.0-another")
+    assert dp.load_profile(bundle, threads=1) is None
+    monkeypatch.setattr(dp, "cpu_signature", lambda: "another-cpu")
+    assert dp.profile_key(bundle, 1)["cpu"] == "another-cpu"
+
+
+@pytest.mark.parametrize("damage", ["{not json", '{"version": 1}', "wrong-key", "negative-cost"])
+def test_a_damaged_profile_is_measured_again_saying_so(bundle, home, capsys, damage):
+    profile, _ = dp.ensure_profile(bundle, threads=1)
+    path = dp.profile_path(profile.key)
+    doc = json.loads(path.read_text())
+    if damage == "wrong-key":
+        doc["key"]["threads"] = 7
+        path.write_text(json.dumps(doc))
+    elif damage == "negative-cost":
+        doc["graphs"]["padded_attention"]["cost_ms"][0] = -1
+        path.write_text(json.dumps(doc))
+    else:
+        path.write_text(damage)
+    capsys.readouterr()
+    again, measured = dp.ensure_profile(bundle, threads=1)
+    err = capsys.readouterr().err
+    assert measured and err.count("\n") == 1 and "damaged" in err and str(path) in err
+    assert dp.load_profile(bundle, threads=1) == again          # rewritten whole
+
+
+def _write(profile) -> None:
+    assert dp.save_profile(profile) is not None
+
+
+def test_a_plan_without_the_drafter_never_builds_it_and_equals_ar(bundle, home):
+    """A profile where the drafter costs as much as a target step: the default decodes plainly (prompt
+    lookup), never building the drafter's session; its greedy output is ar's."""
+    profile, _ = dp.ensure_profile(bundle, threads=1)
+    slow = dataclasses.replace(profile, drafter_step_ms=10 * max(g.cost_ms[-1] for g in profile.graphs.values()
+                                                                 if g.cost_ms))
+    _write(slow)
+    dec = SpeculativeDecoder(bundle, threads=1)
+    assert dec.planning.plan.source == "profile" and not dec.planning.current().drafter
+    want = dec.variant("ar").generate(PROMPT, max_new_tokens=30).token_ids
+    res = dec.generate(PROMPT, max_new_tokens=30)
+    assert res.token_ids == want and res.stats.strategy == "ngram"
+    assert dec.drafter.pending                              # never built
+
+
+def test_a_plan_on_padded_model_steps_where_the_padded_graph_is_inexact(bundle, home):
+    """The EPYC case, injected: padded-attention graph inexact here: model.onnx with padded steps, exact."""
+    profile, _ = dp.ensure_profile(bundle, threads=1)
+    bad = dp.GraphProfile(measured=True, one_token_exact=False, wide_exact=False, one_token_max_abs_diff=0.58,
+                          wide_max_abs_diff=0.58, cost_ms=profile.graphs["padded_attention"].cost_ms)
+    model = dp.GraphProfile(measured=True, one_token_exact=False, wide_exact=True, one_token_max_abs_diff=2e-6,
+                            wide_max_abs_diff=0.0, cost_ms=[1.0, 1.2, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+    _write(dataclasses.replace(profile, graphs={"padded_attention": bad, "model": model}, drafter_step_ms=0.1))
+    dec = SpeculativeDecoder(bundle, threads=1)
+    plan = dec.planning.plan
+    assert plan.step_graph == "model" and plan.step_tokens == 2 and plan.drafter
+    assert dec.target.min_tokens == 2 and dec.target.pad_rows == 0
+    auto = dec._resolved(True)                                        # before any acceptance is measured
+    assert auto.strategy.name == "ngram-tli" and plan.gamma_max < 8
+    assert auto.governor_for("drafter").cap == plan.gamma_max          # the plan bounds the drafter's rounds
+    assert auto.governor_for("ngram").cap == 8                        # lookup keeps its range
+    ar = dec.variant("ar")
+    for prompt in (PROMPT, "The quick brown fox"):             # the measured acceptance may drop the drafter
+        want = ar.generate(prompt, max_new_tokens=30).token_ids
+        res = dec.generate(prompt, max_new_tokens=30)
+        assert res.token_ids == want and res.stats.strategy in ("ngram-tli", "ngram")
+
+
+def test_measured_after_the_first_generation_not_before(bundle, home, monkeypatch):
+    monkeypatch.setenv(dp.MODE_ENV, "auto")
+    chosen = SpeculativeDecoder(bundle, strategy="tli", threads=1)      # a chosen strategy: the plan is auto's
+    chosen.generate(PROMPT, max_new_tokens=4)
+    assert chosen.planning.measuring is None and dp.load_profile(bundle, threads=1) is None
+    dec = SpeculativeDecoder(bundle, threads=1)
+    assert dec.planning.profile is None and dec.planning.plan.source == "export"
+    first = dec.generate(PROMPT, max_new_tokens=12)
+    assert dec.planning.measuring is not None
+    _join_running()
+    assert dec.planning.profile is not None and dp.load_profile(bundle, threads=1) == dec.planning.profile
+    assert dec.generate(PROMPT, max_new_tokens=12).token_ids == first.token_ids
+    assert SpeculativeDecoder(bundle, threads=1).planning.plan.source == "profile"
+
+
+def test_off_ignores_a_cached_profile(bundle, home, monkeypatch):
+    dp.ensure_profile(bundle, threads=1)
+    monkeypatch.setenv(dp.MODE_ENV, "off")
+    assert SpeculativeDecoder(bundle, threads=1).planning.plan.source == "export"
+    monkeypatch.setenv(dp.MODE_ENV, "sometimes")
+    from edgespec.errors import GenerationError
+    with pytest.raises(GenerationError, match="auto, cached or off"):
+        SpeculativeDecoder(bundle, threads=1)
+
+
+def test_probe_ids_are_the_targets_tokens(bundle):
+    ids = dp.probe_ids(bundle, 40)
+    assert len(ids) == 40 and all(0 <= i < bundle.target.vocab_size for i in ids)
+    assert np.asarray(ids).min() >= 0
+
+
+def test_model_steps_beside_a_prefill_graph_that_pads_attention(bundle, home):
+    """The prefill graph is made from the padded-attention graph (one pad row); a plan on model.onnx (none)
+    still prefills long prompts on it: each forward feeds its own session's mask. Greedy output = ar's."""
+    from edgespec.runtime.kv import PREFILL_GRAPH_TOKENS
+    profile, _ = dp.ensure_profile(bundle, threads=1)
+    bad = dp.GraphProfile(measured=True, one_token_exact=False, wide_exact=False, one_token_max_abs_diff=0.58,
+                          wide_max_abs_diff=0.58, cost_ms=profile.graphs["padded_attention"].cost_ms)
+    model = dp.GraphProfile(measured=True, one_token_exact=False, wide_exact=True, one_token_max_abs_diff=1e-6,
+                            wide_max_abs_diff=0.0, cost_ms=[1.0 + 0.1 * k for k in range(dp.TAIL)])
+    _write(dataclasses.replace(profile, graphs={"padded_attention": bad, "model": model}, drafter_step_ms=0.01))
+    for kv in ("auto", "copy"):
+        dec = SpeculativeDecoder(bundle, threads=1, prefill_graph=True)
+        if kv == "copy":                                     # the copying layout, same sessions
+            from edgespec.runtime.kv import ModelRunner
+            t = dec.target
+            dec.target = ModelRunner(t.session, "target", t.max_position, kv="copy", prefill_session=t.prefill_session)
+            dec.target.min_tokens = 2
+            dec._auto.clear()
+        assert dec.target.pad_rows == 0 and dec.target.prefill_pad_rows == 1
+        prompt = (PROMPT + "\n") * 4
+        ids = dec.encode_prompt(prompt)
+        assert len(ids) >= PREFILL_GRAPH_TOKENS
+        want = dec.variant("ar").generate(ids, max_new_tokens=20).token_ids
+        res = dec.generate(ids, max_new_tokens=20)
+        assert res.token_ids == want and dec.target.prefill_graph_rows >= len(ids)
+
+
+def test_doctor_prints_the_profile_and_the_plan(tiny_padded_bundle, home, capsys):
+    from edgespec.cli import main
+    assert main(["doctor", "--bundle", str(tiny_padded_bundle), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "machine:" in out and "device profile (measured now" in out and "padded_attention.onnx" in out
+    assert "\nplan (profile):" in out and "why:" in out and "drafter step" in out
+    assert main(["doctor", "--bundle", str(tiny_padded_bundle), "--threads", "1", "--json", "--acceptance", "0.1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["acceptance"] == 0.1 and doc["profile"]["key"]["threads"] == 1
+    assert "measured now" not in json.dumps(doc)                       # the cached one, read
+    assert main(["doctor", "--bundle", str(tiny_padded_bundle), "--acceptance", "1.5"]) == 2
+    assert "--acceptance must be in [0, 1]" in capsys.readouterr().err
