@@ -17,7 +17,7 @@ the padded 2-token step of model.onnx (max |diff| 0.0) in 62.6 ms, against 64.0 
 1-token step and 72.9 ms for the padded one (/tmp script, 300-token past, median of 30).
 
 Written beside model.onnx as `padded_attention.onnx` (a few hundred KB, the same `model.onnx.data`)
-for every graph with GroupQueryAttention: whether its 1-token steps are exact is a property of the CPU
+for every CPU graph (float32 logits) with GroupQueryAttention: whether its 1-token steps are exact is a property of the CPU
 that runs it (on a 2-core AVX2 EPYC without VNNI the check below failed by 0.58 on 2026-11-27, where
 the 2-core AVX-512 VNNI Xeon gives 0.0), so the export never decides it for other machines.
 model.onnx stays the builder's graph: onnxruntime-genai runs it (bench `--peers`). The export checks
@@ -69,13 +69,15 @@ def pad_attention(model) -> int:
 
 def write_padded_graph(target_dir: Path) -> Path | None:
     """Write target_dir/padded_attention.onnx from model.onnx; None (nothing written) where the graph
-    has no GroupQueryAttention nodes."""
+    has no GroupQueryAttention nodes or is not a CPU graph (its logits not float32: an fp16 graph for a
+    GPU EP, which the export cannot run here to check it)."""
     import onnx  # lazy: the [export] extra
 
     from edgespec.runtime.kv import MIN_TOKENS_KEY, PAD_ROWS_KEY
 
     model = onnx.load(str(Path(target_dir) / "model.onnx"), load_external_data=False)
-    if not pad_attention(model):
+    logits = next((o for o in model.graph.output if o.name == "logits"), None)
+    if logits is None or logits.type.tensor_type.elem_type != onnx.TensorProto.FLOAT or not pad_attention(model):
         return None
     for p in [p for p in model.metadata_props if p.key in (MIN_TOKENS_KEY, PAD_ROWS_KEY)]:
         model.metadata_props.remove(p)
