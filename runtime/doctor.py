@@ -1,12 +1,13 @@
-"""`edgespec doctor --bundle B`: this machine's device profile of a bundle, the plan it
-makes, and why.
+"""`edgespec doctor --bundle B`: this machine's device profile of a bundle, the
+plan it makes, and why.
 
-The first thing to run when edgespec is slower than hoped: it says what the CPU is
-(model, the instruction-set extensions the int4 kernels use), measures the profile
-where none is cached (runtime/device_profile.py; `--remeasure` measures again),
-prints each target graph's exactness and k-token cost curve and the drafter's step,
-then the plan (runtime/plan.py) with its reasons. `--acceptance A` shows the plan at
-another drafter acceptance (what a generation measures as it runs).
+The first thing to run when edgespec is slower than hoped: it says what the
+CPU is (model, the instruction-set extensions the int4 kernels use),
+measures the profile where none is cached (runtime/device_profile.py;
+`--remeasure` measures again), prints each target graph's exactness and
+k-token cost curve and the drafter's step, then the plan (runtime/plan.py)
+with its reasons. `--acceptance A` shows the plan at another drafter
+acceptance (what a generation measures as it runs).
 """
 from __future__ import annotations
 
