@@ -53,6 +53,10 @@ class TargetOracle:
         logits = self.runner.forward(prefix)[-1:]
         if tail:
             logits = self.runner.forward(list(tail))[-1:]
+        return self.probs(logits, tuple(tail))
+
+    def probs(self, logits: np.ndarray, generated: tuple) -> np.ndarray:
+        """The law of the next token from the target's logits after `generated` (a subclass may constrain it)."""
         return probabilities(logits, self.params)[0]
 
     def marginals(self, prompt_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -69,8 +73,7 @@ class TargetOracle:
                 p2[v] += p1[x1]
                 continue
             self.runner.crop(base)
-            logits = self.runner.forward([int(x1)])
-            p2[:v] += p1[x1] * probabilities(logits, self.params)[0]
+            p2[:v] += p1[x1] * self.probs(self.runner.forward([int(x1)]), (int(x1),))
         p2 /= p2.sum()
         return p1, p2
 

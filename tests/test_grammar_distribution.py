@@ -38,32 +38,8 @@ class ConstrainedOracle(TargetOracle):
             state.commit(0, int(x))
         return state.allowed()
 
-    def _probs(self, logits, generated) -> np.ndarray:
+    def probs(self, logits, generated) -> np.ndarray:
         return probabilities(mask_logits(logits, [self.allowed_after(generated)]), self.params)[0]
-
-    def next_probs(self, prefix, tail=()):
-        self.runner.reset()
-        logits = self.runner.forward(list(prefix))[-1:]
-        if tail:
-            logits = self.runner.forward(list(tail))[-1:]
-        return self._probs(logits, tail)
-
-    def marginals(self, prompt_ids):
-        v = self.vocab
-        p1 = np.zeros(v + 1)
-        p1[:v] = self.next_probs(prompt_ids)
-        p2 = np.zeros(v + 1)
-        self.runner.reset()
-        self.runner.forward(prompt_ids)
-        base = self.runner.length
-        for x1 in np.flatnonzero(p1[:v] > 0):
-            if int(x1) in self.eos:
-                p2[v] += p1[x1]
-                continue
-            self.runner.crop(base)
-            p2[:v] += p1[x1] * self._probs(self.runner.forward([int(x1)]), [int(x1)])
-        p2 /= p2.sum()
-        return p1, p2
 
 
 def _setup(bundle_path, params):
