@@ -25,6 +25,21 @@ ROWS = [("ar", "ar", {}, False), ("ar-fast", "ar", {"plain_steps": "fast"}, Fals
         ("ar-fast+jf", "ar", {"plain_steps": "fast"}, True), ("auto", "auto", {}, False), ("auto+jf", "auto", {}, True)]
 
 
+def _llama_server(url: str, msgs: list, schema: dict, max_tokens: int) -> dict:
+    """One greedy json_schema chat completion from llama-server: its own decode rate and the output's validity."""
+    import httpx
+
+    body = {"messages": msgs, "temperature": 0, "max_tokens": max_tokens, "cache_prompt": False,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}}
+    r = httpx.post(url.rstrip("/") + "/v1/chat/completions", json=body, timeout=600).json()
+    text = r["choices"][0]["message"]["content"]
+    t = r.get("timings", {})
+    return {"decode_tps": float(t.get("predicted_per_second") or 0.0), "new": int(t.get("predicted_n") or 0),
+            "prompt_ms": t.get("prompt_ms"), "valid": _valid(text, schema), "text": text,
+            "finish": "stop" if r["choices"][0].get("finish_reason") == "stop" else "length",
+            "tau": None, "grammar_ms": 0.0, "masks": 0}
+
+
 def _valid(text: str, schema: dict) -> bool:
     try:
         value = json.loads(text)
@@ -45,6 +60,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json")
+    ap.add_argument("--llama-server", metavar="URL",
+                    help="also ask a running llama-server (same GGUF, --jinja) for each prompt with the same "
+                         "json_schema, interleaved: its decode rate (timings.predicted_per_second) and validity")
     args = ap.parse_args(argv)
 
     from edgespec.runtime import Bundle, SpeculativeDecoder
@@ -69,6 +87,9 @@ def main(argv=None) -> int:
                              "forced_accepted": st.forced_accepted, "forwards": st.verify_forwards,
                              "verify_ms": st.verify_ms, "grammar_ms": st.grammar_ms, "masks": st.grammar_masks,
                              "finish": r.finish_reason, "valid": _valid(r.text, p["schema"]), "text": r.text}
+            if args.llama_server:
+                out["llama-server"] = _llama_server(args.llama_server, msgs, p["schema"], args.max_new_tokens)
+                out["llama-server"]["tokens"] = None
             ref = out["ar"]["tokens"]
             step_ms = out["ar"]["verify_ms"] / max(out["ar"]["forwards"], 1)
             row = {"id": p["id"], "repeat": rep, "plain_step_ms": step_ms, "rows": {}}
@@ -81,6 +102,13 @@ def main(argv=None) -> int:
             print(json.dumps({"id": p["id"], **{n: (round(o["decode_tps"], 2), round(o["tau"] or 0, 2), o["valid"],
                                                      o["same_as_ar"]) for n, o in out.items()}}), flush=True)
     summary = {}
+    if args.llama_server:
+        ls = [r["rows"]["llama-server"] for r in rows]
+        summary["llama-server"] = {"median_decode_tps": statistics.median(o["decode_tps"] for o in ls),
+                                   "valid": sum(o["valid"] for o in ls), "outputs": len(ls)}
+        for name in decoders:
+            summary[name + "_vs_llama_server"] = statistics.median(
+                r["rows"][name]["decode_tps"] / r["rows"]["llama-server"]["decode_tps"] for r in rows)
     for name in decoders:
         rs = [r["rows"][name] for r in rows]
         drafted, forced = sum(o["drafted"] for o in rs), sum(o["forced"] for o in rs)

@@ -336,7 +336,10 @@ def _load_side(root: Path, manifest: dict, side: str, memory: DigestMemory | Non
     prefill = optional_file(root, manifest, "target/prefill.onnx", "target prefill graph") if target else None
     padded = optional_file(root, manifest, "target/padded_attention.onnx", "target padded-attention graph") if target else None
     # before 2026-11-27 the export wrote the padded-attention graph only where its check found 0.0
-    padded_diff = (manifest.get("checks") or {}).get("padded_attention_vs_padded_steps_max_abs_diff")
+    checks = manifest.get("checks") or {}
+    if not isinstance(checks, dict):
+        raise BundleError(f"bundle {root}: manifest 'checks' must be an object, got {type(checks).__name__}")
+    padded_diff = checks.get("padded_attention_vs_padded_steps_max_abs_diff")
     return ModelFiles(dir=d, onnx=onnx_path, info=info, tokenizer_file=tok, chat_template=tpl, io=io,
                       prefill_onnx=prefill, padded_onnx=padded,
                       padded_exact_at_export=padded is not None and padded_diff in (None, 0, 0.0))
