@@ -55,6 +55,8 @@ class Governor:
         self.step_ms = np.full(2, np.nan)           # EMA ms of a plain step without / with a guess
         self.unguessed = 0                          # plain steps since the last guess
         self.guessed_run = 0                        # guesses since the last plain step without one
+        self.total_reached = 0                      # undecayed draft positions reached / accepted, over the
+        self.total_accepted = 0                     # governor's life (runtime/device_plan.py plans from them)
 
     def choose(self, limit: int) -> int:
         """gamma for the next round, at most `limit` (tokens left, drafter context room). Moves by at
@@ -128,6 +130,8 @@ class Governor:
         self.accepted *= DECAY
         self.reached[:min(drafted, accepted + 1)] += 1.0
         self.accepted[:accepted] += 1.0
+        self.total_reached += min(drafted, accepted + 1)
+        self.total_accepted += accepted
         if round_ms is not None and drafted < self.round_ms.size:
             old = self.round_ms[drafted]
             self.round_ms[drafted] = round_ms if np.isnan(old) else (1 - EMA) * old + EMA * round_ms

@@ -32,9 +32,12 @@ from dataclasses import dataclass, field
 # 13 held-out prompts accepted 0.63 of its drafts at gamma 2 and 0.54 at gamma 3 (2026-11-24), i.e.
 # (alpha + alpha^2) / 2 and (alpha + alpha^2 + alpha^3) / 3 at alpha 0.72-0.73 per position.
 PRIOR_ACCEPTANCE = 0.7
-# The drafter must beat plain decoding by this much on paper: on the AVX2 EPYC (2026-11-27) the formula
-# said 1.29x over padded plain steps at gamma 1 where the default decoder measured 1.10x over `ar`.
-DRAFTER_MARGIN = 1.15
+# The drafter must beat plain decoding by this much on paper. On the AVX2 EPYC (2026-11-27) the formula
+# said 1.29x over padded plain steps at gamma 1 where the default decoder measured 1.10x over `ar`; on the
+# AVX-512 VNNI Xeon (2026-11-27, held-out test split) it said 1.16x at the measured acceptance 0.61, where
+# the drafter measured 1.09x `ar-fast` and plain decoding with lookup guesses 1.05x. The draft-length
+# governor still falls back to plain rounds inside a generation where drafting measures slower.
+DRAFTER_MARGIN = 1.10
 GAMMA_SLACK = 0.9
 MAX_GAMMA = 8
 GRAPH_WORDS = {"model": "model.onnx", "padded_attention": "padded_attention.onnx", "prefill": "prefill.onnx"}
