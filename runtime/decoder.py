@@ -15,9 +15,7 @@ arrays and, for randomised drafting with concurrent_draft=True, one worker threa
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -37,9 +35,9 @@ from edgespec.runtime.device_plan import DevicePlanning
 from edgespec.runtime.governor import Governor
 from edgespec.runtime.grammar import start_constraint
 from edgespec.runtime.kv import DeferredRunner, ModelRunner
-from edgespec.runtime.prefix import PrefixCache
 from edgespec.runtime.randomised import SideRunner, draft_randomised
-from edgespec.runtime.rounds import Generation
+from edgespec.runtime.shared import Setup, Shared
+from edgespec.runtime.generation import Generation
 from edgespec.runtime.sampling import make_rng
 from edgespec.runtime.sessions import CPU, create_session, create_sessions, is_cpu_only, prefill_graph_request
 from edgespec.runtime.stats import GenerationStats
@@ -110,53 +108,46 @@ class SpeculativeDecoder:
         sessions = create_sessions(requests + ([drafter_request] if drafter_request and not defer else []),
                                    beside=lambda: _prepare_text(bundle))
         tinfo = bundle.target.info
-        sess, self.target_session_info = sessions.pop(0)
+        sess, target_session_info = sessions.pop(0)
         prefill = sessions.pop(0)[0] if prefill_now else None
         later = (lambda: create_session(**prefill_request)[0]) if prefill_request and not prefill_now else None
-        self.target = ModelRunner(sess, "target", bundle.target.max_position, prefill_session=prefill,
+        target = ModelRunner(sess, "target", bundle.target.max_position, prefill_session=prefill,
                                   prefill_factory=later, prefill_from=prefill_from,
                                   remember_chunks=None if prefill_request is None else partial(
                                       remembered, bundle.target.prefill_onnx, "prefill_chunks_exact", threads))
         # the plan's step width; on another EP the runner's own probe may have padded (runtime/probes.py)
-        self.target.min_tokens = self.planning.plan.step_tokens if is_cpu_only(ep) else \
-            max(self.target.min_tokens, self.planning.plan.step_tokens)
-        self._check_runner(self.target, tinfo, bundle.target.vocab_size, "target")
+        target.min_tokens = self.planning.plan.step_tokens if is_cpu_only(ep) else \
+            max(target.min_tokens, self.planning.plan.step_tokens)
+        self._check_runner(target, tinfo, bundle.target.vocab_size, "target")
         if prefill is not None:
-            self.target.check_prefill_chunks()
-        self.drafter = None
-        self.text_context = None
+            target.check_prefill_chunks()
+        drafter = text_context = None
         if uses_drafter:
             if defer:
-                self.drafter = DeferredRunner(lambda: self._drafter_runner(create_session(**drafter_request)),
-                                              bundle.drafter.max_position, [CPU])
+                drafter = DeferredRunner(lambda: self._drafter_runner(create_session(**drafter_request)),
+                                         bundle.drafter.max_position, [CPU])
             else:
-                self.drafter = self._drafter_runner(sessions[0])
-            self.text_context = drafter_context(bundle)          # token tables: built once per decoder
-        self.eos_ids = frozenset(bundle.target.eos_ids)
-        self._shared = _Shared()
+                drafter = self._drafter_runner(sessions[0])
+            text_context = drafter_context(bundle)          # token tables: built once per decoder
+        self._shared = Shared(bundle, target, drafter, text_context, target_session_info)
         self._configure(config)
 
     def _configure(self, config: DecodeConfig) -> None:
-        """Take a checked config on this decoder's sessions: what needs the bundle, the strategy's
-        precomputed tables, the governor and the per-round arrays."""
+        """Take a checked config on this decoder's sessions: the variant's Setup (the strategy's
+        precomputed tables, the governors and the per-round arrays)."""
         strat = config.strategy
         if strat.uses_drafter and not self.bundle.has_drafter:
             raise GenerationError(f"bundle {self.bundle.path} has no drafter: strategy {strat.name!r} needs one; "
                                   "use strategy 'ngram' (prompt lookup) or 'ar'")
-        if strat.uses_drafter and self.drafter is None:
+        if strat.uses_drafter and self._shared.drafter is None:
             raise GenerationError(f"strategy {strat.name!r} needs a drafter session; this decoder was created "
                                   "with 'ar' and has none")
-        self.config = config = config.resolved(self.bundle, self.bundle.drafter.max_position if self.drafter else None)
+        self.config = config = config.resolved(self.bundle, self.bundle.drafter.max_position
+                                               if self._shared.drafter else None)
         if strat.check:
             strat.check(self.bundle, dict(config.options))
-        self.prepared = strat.prepare(self.bundle, dict(config.options))
-        self.governor = Governor(config.gamma) if config.auto_length else None
-        self.source_governors: dict[str, Governor] = {}     # per proposer (Strategy.source), made on first use
+        self.setup = Setup(config, strat.prepare(self.bundle, dict(config.options)), self.bundle.target.vocab_size)
         self._auto: dict = {}                  # strategy="auto": the decoder chosen per sampling mode
-        v, g = self.bundle.target.vocab_size, config.gamma
-        self.scratch = (np.zeros((g + 1, v), dtype=np.float64),    # draft distributions of one round
-                        np.zeros((g + 1, v), dtype=np.float64),    # target distributions of one round
-                        np.zeros((2, v), dtype=np.float64))        # residual + CDF scratch (verify, draws)
         self.last_result: GenerationResult | None = None
         self._last_generation: Generation | None = None
 
@@ -164,13 +155,20 @@ class SpeculativeDecoder:
     def strategy(self):
         return self.config.strategy
 
+    # what one variant has of its own (shared.Setup) and what all share (shared.Shared)
+    governor = property(lambda self: self.setup.governor)
+    source_governors = property(lambda self: self.setup.source_governors)
+    prepared = property(lambda self: self.setup.prepared)
+    scratch = property(lambda self: self.setup.scratch)
+    target = property(lambda self: self._shared.target)
+    target_session_info = property(lambda self: self._shared.target_session_info)
+    eos_ids = property(lambda self: self._shared.eos_ids)
+    drafter = property(lambda self: self._shared.drafter if self.strategy.uses_drafter else None)
+    text_context = property(lambda self: self._shared.text_context if self.strategy.uses_drafter else None)
+
     def governor_for(self, source: str | None) -> Governor | None:
         """The draft-length governor of a round from `source` (None: the strategy's only proposer)."""
-        if self.governor is None or source is None:
-            return self.governor
-        if source not in self.source_governors:
-            self.source_governors[source] = Governor(self.governor.gamma_max)
-        return self.source_governors[source]
+        return self.setup.governor_for(source)
 
     def variant(self, strategy: str | None = None, draft_length: int | str | None = None,
                 draft_probability: float | str | None = None, **changes) -> "SpeculativeDecoder":
@@ -189,10 +187,9 @@ class SpeculativeDecoder:
             draft_length = self.config.draft_length if strat.speculative else 1
         config = replace(self.config, strategy=strat, draft_length=draft_length, draft_probability=draft_probability,
                          options=options, **changes)
-        new = copy.copy(self)
+        new = object.__new__(SpeculativeDecoder)      # the same bundle, plan and Shared; its own Setup
+        new.bundle, new.planning, new._shared = self.bundle, self.planning, self._shared
         new._configure(config)
-        if not strat.uses_drafter:
-            new.drafter, new.text_context = None, None
         return new
 
     # ------------------------------------------------------------------ resources
@@ -207,15 +204,11 @@ class SpeculativeDecoder:
 
     def side_runner(self) -> SideRunner:
         """The worker thread for drafter forwards that run beside the verify (created on first use)."""
-        if self._shared.side_runner is None:
-            self._shared.side_runner = SideRunner()
-        return self._shared.side_runner
+        return self._shared.side_runner()
 
     def close(self) -> None:
         """Stop the worker thread, if one was started (a later generation starts a new one)."""
-        side, self._shared.side_runner = self._shared.side_runner, None
-        if side is not None:
-            side.close()
+        self._shared.close()
 
     def __enter__(self) -> "SpeculativeDecoder":
         return self
@@ -263,14 +256,11 @@ class SpeculativeDecoder:
     @property
     def drafter_session_info(self):
         """The drafter session's SessionInfo (None: no drafter, or one not built yet)."""
-        return None if self.drafter is None or self.drafter.pending else self.drafter.session_info
+        return self._shared.drafter_session_info() if self.drafter is not None else None
 
     @property
     def providers(self) -> dict:
-        out = {"target": list(self.target_session_info.active)}
-        if self.drafter is not None:
-            out["drafter"] = list(self.drafter.providers if self.drafter.pending else self.drafter_session_info.active)
-        return out
+        return self._shared.providers(with_drafter=self.drafter is not None)
 
     # ------------------------------------------------------------------ prompts
     def encode_prompt(self, prompt, chat: bool = False) -> list[int]:
@@ -354,15 +344,12 @@ class SpeculativeDecoder:
             raise GenerationError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                                   f"target's context length {limit}")
         dec = self._resolved(params.greedy)
-        self._shared.generation += 1
         # randomised drafting's no-draft rows are not masked by a grammar: constrained, it drafts as TLI
         randomised = dec.config.draft_probability is not None and not params.greedy and grammar is None
-        gen = Generation(dec, prompt_ids, params, make_rng(seed), int(max_new_tokens), self._shared.generation,
+        gen = Generation(self._shared, dec.setup, prompt_ids, params, make_rng(seed), int(max_new_tokens), t_start,
                          propose=draft_randomised if randomised else None, grammar=grammar,
                          jump_forward=bool(jump_forward))
         self._last_generation = gen          # for debugging and the profiler
-        gen.stats.fallbacks = [i.fallback for i in (self.target_session_info, self.drafter_session_info)
-                               if i is not None and i.fallback]
         text_state = TextState(self.bundle.target.tokenizer, stops)
         reason = "interrupted"
         finished = False
@@ -370,7 +357,6 @@ class SpeculativeDecoder:
         yield ""
         try:
             new = gen.prefill()
-            gen.stats.ttft_ms = (time.perf_counter() - t_start) * 1e3
             while True:
                 reason = gen.append(new)
                 if incremental or stops or reason is not None:
@@ -386,26 +372,12 @@ class SpeculativeDecoder:
                 new = gen.round()
             finished = True
         finally:
-            st = gen.stats
-            st.total_ms = (time.perf_counter() - t_start) * 1e3
-            st.new_tokens = len(gen.generated)
-            st.prefill_tokens = min(1, st.new_tokens)
-            st.stop_reason = reason or "interrupted"
-            if dec.governor is not None and st.gamma_per_step:
-                st.draft_length = float(np.mean(st.gamma_per_step))
-            if grammar is not None:
-                st.grammar_ms, st.grammar_masks = grammar.mask_ms, grammar.mask_count
-            dc = gen.drafter_ctx
-            st.drafter_resyncs = dc.text.resyncs if dc is not None else 0
-            st.draft_refills = dc.window.refills if dc is not None else 0
-            if finished and dec.config.prefix_reuse and gen.id == self._shared.generation:
-                kv_ids = (kv_ids or prompt_ids + gen.generated)[:gen.target.length]
-                self._shared.prefix.remember(kv_ids, dc.ids if dc else None, dc.window if dc else None)
-            self.planning.after_generation(dec, st)
+            gen.finish(reason, finished, kv_ids)
+            self.planning.after_generation(dec)
             if gen.id == self._shared.generation:   # a superseded stream must not overwrite a newer result
-                    self.last_result = GenerationResult(
+                self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,
-                    token_ids=list(gen.generated), stats=st, prompt_token_ids=prompt_ids)
+                    token_ids=list(gen.generated), stats=gen.stats, prompt_token_ids=prompt_ids)
 
 
 def _prepare_text(bundle: Bundle) -> None:
@@ -417,14 +389,3 @@ def _prepare_text(bundle: Bundle) -> None:
     if bundle.target.chat_template:
         with contextlib.suppress(GenerationError):
             compile_template(bundle.target.chat_template)
-
-
-class _Shared:
-    """State shared by a decoder and its variants (they share runners and the worker thread)."""
-
-    def __init__(self):
-        self.generation = 0
-        self.prefix = PrefixCache()        # what the shared runners' KV holds (prefix reuse)
-        self.side_runner: SideRunner | None = None
-        self.grammar_tokenizer = None      # grammar.start_constraint's, built at the first constrained call
-        self.lock = threading.Lock()

@@ -77,12 +77,10 @@ class DevicePlanning:
         return replace(prior, acceptance=plan.acceptance, reasons=plan.reasons + (
             f"the drafter runs once every {REPROBE_EVERY + 1} generations to keep its acceptance measured",))
 
-    def after_generation(self, dec, stats) -> None:
+    def after_generation(self, dec) -> None:
         """Book the generation's drafter acceptance (its governor's counts) and, where this machine has no
         profile yet, start measuring it."""
-        if dec.strategy.uses_drafter:
-            gov = dec.source_governors.get("drafter") if dec.strategy.source else dec.governor
-            self.drafter_governor = gov or self.drafter_governor
+        self.drafter_governor = dec.setup.drafter_governor() or self.drafter_governor
         if self.measure and self.profile is None and self.measuring is None and profile_mode() == "auto" \
                 and is_cpu_only(self.ep):
             self.measuring = threading.Thread(target=self._measure, args=(dec,), name="edgespec-device-profile",

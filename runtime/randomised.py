@@ -90,7 +90,7 @@ def draft_randomised(gen, gamma: int) -> Draft:
     t_submit = None
     if gen.config.concurrent_draft:
         t_submit = time.perf_counter()
-        pending = gen.dec.side_runner().submit(gen.drafter.forward, ids, 1)    # last row only
+        pending = gen.shared.side_runner().submit(gen.drafter.forward, ids, 1)    # last row only
     else:
         pending = Future()
         pending.set_result(gen.drafter.forward(ids, 1))

@@ -142,7 +142,7 @@ def test_eos_ends_generation_mid_block(bundles, ar_outputs):
     ref = ar_outputs["self"][0]
     dec = SpeculativeDecoder(bundles["self"], strategy="tli", draft_length=8, threads=1)
     eos = ref[6]
-    dec.eos_ids = frozenset({eos})          # pretend this token is the end-of-sequence token
+    dec._shared.eos_ids = frozenset({eos})  # pretend this token is the end-of-sequence token
     res = dec.generate(PROMPTS[0], max_new_tokens=N)
     assert res.stats.stop_reason == "eos"
     assert res.token_ids == ref[:ref.index(eos) + 1]
@@ -151,7 +151,7 @@ def test_eos_ends_generation_mid_block(bundles, ar_outputs):
 @pytest.mark.parametrize("m", [1, 2, 3, 9])
 def test_max_new_tokens_is_never_exceeded(bundles, m):
     dec = SpeculativeDecoder(bundles["self"], strategy="tli", draft_length=8, threads=1)
-    dec.eos_ids = frozenset()
+    dec._shared.eos_ids = frozenset()
     for t in (0.0, 1.0):
         res = dec.generate(PROMPTS[1], max_new_tokens=m, temperature=t, seed=1)
         assert len(res.token_ids) == m and res.stats.stop_reason == "length"

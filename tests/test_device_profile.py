@@ -172,7 +172,8 @@ def test_model_steps_beside_a_prefill_graph_that_pads_attention(bundle, home):
         if kv == "copy":                                     # the copying layout, same sessions
             from edgespec.runtime.kv import ModelRunner
             t = dec.target
-            dec.target = ModelRunner(t.session, "target", t.max_position, kv="copy", prefill_session=t.prefill_session)
+            dec._shared.target = ModelRunner(t.session, "target", t.max_position, kv="copy",
+                                             prefill_session=t.prefill_session)
             dec.target.min_tokens = 2
             dec._auto.clear()
         assert dec.target.pad_rows == 0 and dec.target.prefill_pad_rows == 1
