@@ -4,7 +4,7 @@
   of those positions, [len(ids), V] (valid until this runner's next forward).
   With an empty cache this is the prefill: one forward over the whole prompt.
 - `crop(n)` keeps the first n cached positions; `reset()` empties the cache.
-- With a prefill graph (export/prefill_graph.py), a prompt of PREFILL_GRAPH_TOKENS or more runs on it
+- With a prefill graph (export/prefill_graph.py; runtime/kv_prefill.py), a prompt of PREFILL_GRAPH_TOKENS or more runs on it
   (`prefill_graph_for`); `prefill_graph_rows` counts the leading positions it computed, which prefix
   reuse may keep (runtime/prefix.py) where the prefill graph is chunk-invariant on this machine
   (`check_prefill_chunks`). A deferred prefill graph (`prefill_factory`) is built for the first prompt
@@ -13,14 +13,9 @@
 
 Two KV layouts, chosen from the graph's metadata (`edgespec.kv_cache`, written at export):
 
-- **shared** (builder graphs, GroupQueryAttention): one preallocated buffer per `past_key_values.*`
-  input, [1, kv_heads, capacity, head_dim], bound once through IOBinding as both the past input
-  and the `present.*` output. GQA reads positions [0, length) and writes the new ones in place, so
-  nothing is ever copied: a forward moves only input_ids, the attention mask and the logits, and a
-  rollback (`crop`) is a change of `length`. The buffers live on the EP's device (CPU memory here;
-  CUDA/DirectML OrtValues on a GPU EP), and the logits are bound to host memory, so on a GPU only
-  the logits rows cross the bus. Capacity grows by doubling (one copy of the cache per growth);
-  `reserve(n)` sizes it up front so a generation never grows it.
+- **shared** (builder graphs, GroupQueryAttention; runtime/kv_shared.py): one buffer per past input,
+  bound as both past and present, written in place by attention; a rollback (`crop`) is a change of
+  `length`.
 - **copy** (optimum graphs): the `present.*` outputs (past + new, concatenated by the graph) become
   the next call's `past_key_values.*` inputs as NumPy arrays; a crop is a slice, made contiguous
   at the next forward.
@@ -29,13 +24,14 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from typing import Callable, Sequence
 
 import numpy as np
 
 from edgespec.errors import BundleError, GenerationError
 from edgespec.runtime.placement import CPU, DEVICE
+from edgespec.runtime.kv_prefill import PAD_ROWS_KEY, PrefillGraph, graph_meta
+from edgespec.runtime.kv_shared import LOGITS_TO_KEEP, SharedLayout, as_float32, keep_feed
 from edgespec.runtime.probes import check_device_session
 
 _PAST_PREFIX = "past_key_values."
@@ -44,10 +40,6 @@ _ORT_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "te
                  "tensor(bfloat16)": np.float32}
 KV_KEY = "edgespec.kv_cache"
 MIN_TOKENS_KEY = "edgespec.min_forward_tokens"
-# export/padded_attention.py: the graph appends this many copies of the last row to attention's queries
-# (and drops them after), so it takes a mask that many positions longer and writes that many extra KV
-# positions, which the runner never counts (the next forward overwrites them).
-PAD_ROWS_KEY = "edgespec.attention_pad_rows"
 # Forwards this long or longer run on the prefill graph where there is one. The int4 1.5B, 2-core Xeon,
 # prefill of 64 / 128 / 512 tokens: 0.81 / 1.56 / 6.51 s on the graph, 0.77 / 1.32 / 5.23 s on the
 # prefill graph; a 5-token forward 113 against 310 ms (export/prefill_graph.py).
@@ -57,8 +49,6 @@ PREFILL_GRAPH_TOKENS = 96     # above any verify forward (tests/test_prefill_gra
 # 2-core Xeon). One threshold whether built yet or not, so that a prompt's function never depends on
 # what the decoder ran before.
 AUTO_PREFILL_GRAPH_TOKENS = 512
-LOGITS_TO_KEEP = "logits_to_keep"        # the graph input export/last_logits.py adds
-CAPACITY_STEP = 256
 
 
 def default_feeds(session) -> dict:
@@ -67,15 +57,7 @@ def default_feeds(session) -> dict:
                                                                   session.get_inputs()) else {}
 
 
-def _meta(session) -> dict:
-    return getattr(session.get_modelmeta(), "custom_metadata_map", None) or {}
-
-
-def _io(session) -> tuple:
-    return ([(i.name, i.type) for i in session.get_inputs()], [(o.name, o.type) for o in session.get_outputs()])
-
-
-class ModelRunner:
+class ModelRunner(SharedLayout, PrefillGraph):
     """Runs a causal LM exported with past inputs (docs/architecture.md, "The target graph").
 
     `kv="copy"` forces the copying layout on a graph that allows sharing (for comparisons).
@@ -123,7 +105,7 @@ class ModelRunner:
         self.kv_dtype = _ORT_TO_NUMPY.get(inputs[self.past_names[0]].type, np.float32)
         self.vocab = session.get_outputs()[outputs.index("logits")].shape[-1]
         self.output_names = ["logits", *self.present_names]
-        meta = _meta(session)
+        meta = graph_meta(session)
         # A quantized graph may declare that its 1-token forwards compute other logits (attention's 1-query
         # path, amplified by int8 activations: docs/quantization.md); forward() then pads them so every
         # forward computes the same function. A padded-attention graph (PAD_ROWS_KEY) needs no padding.
@@ -154,39 +136,6 @@ class ModelRunner:
         if prefill_session is not None:
             self.attach_prefill_graph(prefill_session)
 
-    def attach_prefill_graph(self, session) -> None:
-        """Run long forwards on `session`, which must take and give what the graph does."""
-        if _io(session) != _io(self.session):
-            raise BundleError(f"{self.role} prefill graph's inputs and outputs differ from its graph's")
-        # made from the padded-attention graph where the bundle has one (export/prefill_graph.py), it may
-        # pad attention where the graph the device plan runs does not: each forward feeds its own session's
-        self.prefill_pad_rows = max(0, int(_meta(session).get(PAD_ROWS_KEY, 0)))
-        self.prefill_session = session
-        if self._kv is not None:                  # both graphs read and write the same KV buffers
-            self._prefill_binding = self._bind_kv(session)
-
-    @property
-    def prefill_pending(self) -> bool:
-        return self._prefill_factory is not None
-
-    def build_prefill_graph(self) -> float:
-        """Build a deferred prefill graph's session and check it (which leaves the cache empty);
-        returns the milliseconds it took, 0.0 when none is pending. Where it cannot be built (memory, a
-        damaged file) it says so once and long prompts run on the graph, as they did until then."""
-        if self._prefill_factory is None:
-            return 0.0
-        t0 = time.perf_counter()
-        make, self._prefill_factory = self._prefill_factory, None
-        try:
-            self.attach_prefill_graph(make())
-        except Exception as exc:     # noqa: BLE001 - ORT raises its own types; the decoder goes on without it
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            warnings.warn(f"the {self.role} prefill graph could not be built ({first}); long prompts run on the "
-                          "graph", RuntimeWarning, stacklevel=3)
-            return (time.perf_counter() - t0) * 1e3
-        self.check_prefill_chunks()
-        return (time.perf_counter() - t0) * 1e3
-
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Empty the cache (the next forward is a prefill). Shared buffers are kept for re-use."""
@@ -206,81 +155,6 @@ class ModelRunner:
             self.past = [p[:, :, :n, :] for p in self.past]
         self.length = n
         self.prefill_graph_rows = min(self.prefill_graph_rows, n)
-
-    def reserve(self, positions: int) -> None:
-        """Make room for `positions` cached positions now (shared layout), so no forward grows the cache."""
-        pad = max(self.pad_rows, self.prefill_pad_rows)
-        if self.shared and positions + pad > self.capacity:
-            self._grow(positions + pad)
-
-    def _grow(self, needed: int) -> None:
-        import onnxruntime as ort  # lazy: importing the runtime (and `edgespec --help`) needs no onnxruntime
-
-        cap = max(needed, 2 * self.capacity, CAPACITY_STEP)
-        cap = -(-cap // CAPACITY_STEP) * CAPACITY_STEP
-        if self.max_position:
-            cap = max(needed, min(cap, self.max_position))
-        shape = (1, self.kv_heads, cap, self.head_dim)
-        old = self._kv
-        if self.device == "cpu":
-            host = [np.zeros(shape, dtype=self.kv_dtype) for _ in self.past_names]
-            if old is not None:
-                for h, o in zip(host, self._host):
-                    h[:, :, :self.length] = o[:, :, :self.length]      # the one copy a growth costs
-            self._host = host
-            self._kv = [ort.OrtValue.ortvalue_from_numpy(h) for h in host]
-        else:
-            kv = []
-            for i in range(len(self.past_names)):
-                h = np.zeros(shape, dtype=self.kv_dtype)
-                if old is not None:
-                    h[:, :, :self.length] = old[i].numpy()[:, :, :self.length]
-                kv.append(ort.OrtValue.ortvalue_from_numpy(h, self.device, 0))
-            self._kv = kv
-        self._mask = np.ones((1, cap), dtype=np.int64)
-        self._binding = self._bind_kv(self.session)
-        if self.prefill_session is not None:       # both graphs read and write the same KV buffers
-            self._prefill_binding = self._bind_kv(self.prefill_session)
-        self.capacity = cap
-
-    def _bind_kv(self, session):
-        io = session.io_binding()
-        for past, present, value in zip(self.past_names, self.present_names, self._kv):
-            io.bind_ortvalue_input(past, value)
-            io.bind_ortvalue_output(present, value)
-        return io
-
-    def prefill_graph_for(self, prompt_tokens: int) -> bool:
-        """Whether a prompt of this many tokens is prefilled on the prefill graph (all of it, also
-        what prefix reuse leaves of it: the same function as a cold prefill, runtime/prefix.py), built
-        yet or not."""
-        has = self.prefill_session is not None or self._prefill_factory is not None
-        return has and prompt_tokens >= self.prefill_from
-
-    def check_prefill_chunks(self) -> bool:
-        """`probe_prefill_chunks` (or the verdict `remember_chunks` knows for this machine: runtime/verdicts.py),
-        saying once where the prefill graph is not chunk-invariant (prefix reuse then re-runs long prompts
-        whole). A probe leaves the cache empty."""
-        probe = self.probe_prefill_chunks
-        self.prefill_chunks_exact = self._remember_chunks(probe) if self._remember_chunks else probe()
-        if not self.prefill_chunks_exact:
-            warnings.warn("the prefill graph is not chunk-invariant on this machine: prefix reuse re-runs "
-                          "long prompts whole", RuntimeWarning, stacklevel=3)
-        return self.prefill_chunks_exact
-
-    def probe_prefill_chunks(self, tokens: int = 16) -> bool:
-        """Whether the prefill graph gives the same bits for `tokens` ids in one forward and in two
-        halves on this machine (MLAS's fp32 kernels do on x86-64); sets `prefill_chunks_exact`. Leaves
-        the cache empty."""
-        ids = (np.arange(tokens) * 7919 % max(1, self.vocab - 1) + 1).tolist()
-        self.reset()
-        whole = self.forward(ids, last=1, prefill_graph=True)[-1].copy()
-        self.reset()
-        self.forward(ids[:tokens // 2], last=1, prefill_graph=True)
-        halves = self.forward(ids[tokens // 2:], last=1, prefill_graph=True)[-1]
-        self.reset()
-        self.prefill_chunks_exact = bool(np.array_equal(whole, halves))
-        return self.prefill_chunks_exact
 
     # ------------------------------------------------------------------ running
     def forward(self, ids: Sequence[int] | np.ndarray, last: int | None = None, pad: bool = True,
@@ -322,35 +196,12 @@ class ModelRunner:
                                   "model file, or an EP numerics problem); no text was produced from them")
         return logits
 
-    def _keep_feed(self, rows: int, s: int) -> np.ndarray:
-        return np.array([0 if rows == s else rows], dtype=np.int64)      # 0: every position
-
-    def _run_shared(self, input_ids: np.ndarray, past: int, rows: int, on_prefill: bool) -> np.ndarray:
-        s = input_ids.shape[1]
-        end = past + s + (self.prefill_pad_rows if on_prefill else self.pad_rows)   # the pad rows' KV: never counted
-        if end > self.capacity:
-            self._grow(end)
-        io = self._prefill_binding if on_prefill else self._binding
-        io.bind_cpu_input("input_ids", input_ids)
-        io.bind_cpu_input("attention_mask", self._mask[:, :end])
-        if self.keeps_last:
-            io.bind_cpu_input(LOGITS_TO_KEEP, self._keep_feed(rows, s))
-        if rows > 16 or self._logits.shape[1] < rows:     # a prefill-sized buffer is not kept (see below)
-            self._logits = np.empty((1, rows, self.vocab), dtype=self.logits_dtype)
-        out = self._logits[:, :rows]
-        # host memory: on a GPU EP only the rows asked for cross the bus
-        io.bind_output("logits", "cpu", 0, self.logits_dtype, list(out.shape), out.ctypes.data)
-        (self.prefill_session if on_prefill else self.session).run_with_iobinding(io)
-        if rows > 16:
-            self._logits = np.empty((1, 0, 0), self.logits_dtype)
-        return out[0] if self.logits_dtype == np.float32 else out[0].astype(np.float32)
-
     def _run_copy(self, input_ids: np.ndarray, past: int, rows: int, on_prefill: bool) -> np.ndarray:
         s = input_ids.shape[1]
         pad = self.prefill_pad_rows if on_prefill else self.pad_rows
         feeds = {"input_ids": input_ids, "attention_mask": np.ones((1, past + s + pad), dtype=np.int64)}
         if self.keeps_last:
-            feeds[LOGITS_TO_KEEP] = self._keep_feed(rows, s)
+            feeds[LOGITS_TO_KEEP] = keep_feed(rows, s)
         if self.has_position_ids:
             feeds["position_ids"] = np.arange(past, past + s, dtype=np.int64).reshape(1, s)
         for name, arr in zip(self.past_names, self.past):
@@ -358,7 +209,7 @@ class ModelRunner:
             feeds[name] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
         out = (self.prefill_session if on_prefill else self.session).run(self.output_names, feeds)
         self.past = [p[:, :, :past + s] for p in out[1:]] if pad else out[1:]
-        return out[0][0] if out[0].dtype == np.float32 else out[0][0].astype(np.float32)
+        return as_float32(out[0][0])
 
     def run_extra(self, names: Sequence[str]) -> list[np.ndarray]:
         """Run a 1-token forward on a fresh cache just to read constant outputs (e.g. the drafter's

@@ -38,6 +38,19 @@ def _probing(runner):
         runner.time_ms, runner.last_ms, runner.forwards, runner.tokens_fed = counters
 
 
+def prefill_chunks_exact(runner, tokens: int = 16) -> bool:
+    """Whether the runner's prefill graph gives the same bits for `tokens` ids in one forward and in two
+    halves on this machine (MLAS's fp32 kernels do on x86-64)."""
+    with _probing(runner):
+        ids = _probe_ids(runner.vocab, tokens)
+        runner.reset()
+        whole = runner.forward(ids, last=1, prefill_graph=True)[-1].copy()
+        runner.reset()
+        runner.forward(ids[:tokens // 2], last=1, prefill_graph=True)
+        halves = runner.forward(ids[tokens // 2:], last=1, prefill_graph=True)[-1]
+        return bool(np.array_equal(whole, halves))
+
+
 def _probe_ids(vocab: int, n: int = 8) -> list[int]:
     return (np.arange(n) * 7919 % max(1, vocab - 1) + 1).tolist()
 
