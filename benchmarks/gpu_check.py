@@ -174,16 +174,10 @@ def batch_invariance(bundles: dict, ep: str) -> None:
 
 
 def sampling(bundles: dict, ep: str, n: int = 2000) -> None:
-    from distribution import ALPHA, check_lossless, sample_tokens
+    from distribution import ALPHA, check_lossless, sample_tokens, verify_without_residual as no_residual
     from edgespec.runtime import Bundle, SpeculativeDecoder
     from edgespec.runtime import rounds as rounds_module
-    from edgespec.runtime.sampling import SamplingParams, sample
-
-    def no_residual(p, q, drafts, rng, a=1.0, terminal_nodraft=False, work=None):
-        rows = np.arange(len(drafts))
-        ok = rng.random(len(drafts)) * q[rows, drafts] < p[rows, drafts]
-        n_acc = len(drafts) if ok.all() else int(np.argmin(ok))
-        return n_acc, sample(p[n_acc], rng)
+    from edgespec.runtime.sampling import SamplingParams
 
     for name in [k for k in ("cuda-fp16-same", "cpu-fp32") if k in bundles]:
         b = Bundle.load(bundles[name])

@@ -27,7 +27,7 @@ import numpy as np
 from scipy import stats as sst
 
 from edgespec.runtime.kv import ModelRunner
-from edgespec.runtime.sampling import SamplingParams, probabilities
+from edgespec.runtime.sampling import SamplingParams, probabilities, sample
 from edgespec.runtime.sessions import create_session
 
 ALPHA = 1e-3
@@ -146,3 +146,12 @@ def check_lossless(decoder, bundle, prompt_ids: list[int], n: int = 2000, seed: 
     if len(u) >= 20 * MIN_EXPECTED:
         out["x3|x1x2"] = pit_pvalue(np.asarray(u))
     return out
+
+
+def verify_without_residual(p, q, drafts, rng, a=1.0, terminal_nodraft=False, work=None):
+    """A deliberately broken verifier: on rejection it resamples from p instead of norm(max(p - q, 0))."""
+    n = len(drafts)
+    rows = np.arange(n)
+    ok = rng.random(n) * q[rows, drafts] < p[rows, drafts]
+    n_acc = n if ok.all() else int(np.argmin(ok))
+    return n_acc, sample(p[n_acc], rng)

@@ -7,10 +7,10 @@ per p-value (false-failure rate <= 3e-3 per decoder; deterministic for the fixed
 import numpy as np
 import pytest
 
-from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
+from distribution import ALPHA, check_lossless, sample_tokens, verify_without_residual  # tests/ is on sys.path (conftest.py)
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime import rounds as rounds_module
-from edgespec.runtime.sampling import SamplingParams, sample
+from edgespec.runtime.sampling import SamplingParams
 
 PROMPT = "The quick brown"
 N = 2000
@@ -32,17 +32,8 @@ def test_tli_samples_the_target_distribution(request, which, params):
     assert min(pvals.values()) > ALPHA, pvals
 
 
-def _verify_without_residual(p, q, drafts, rng, a=1.0, terminal_nodraft=False, work=None):
-    """A deliberately broken verifier: on rejection it resamples from p instead of norm(max(p - q, 0))."""
-    n = len(drafts)
-    rows = np.arange(n)
-    ok = rng.random(n) * q[rows, drafts] < p[rows, drafts]
-    n_acc = n if ok.all() else int(np.argmin(ok))
-    return n_acc, sample(p[n_acc], rng)
-
-
 def test_broken_verifier_fails_the_same_test(tiny_self_bundle, monkeypatch):
-    monkeypatch.setattr(rounds_module, "verify_sampled", _verify_without_residual)
+    monkeypatch.setattr(rounds_module, "verify_sampled", verify_without_residual)
     b = Bundle.load(tiny_self_bundle)
     dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1)
     samples = sample_tokens(dec, _ids(b), N, 0, SamplingParams(temperature=1.0))

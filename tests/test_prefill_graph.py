@@ -141,7 +141,7 @@ def test_sampling_with_the_prefill_graph_keeps_the_target_distribution(int4_bund
     from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
     from edgespec.runtime import rounds as rounds_module
     from edgespec.runtime.sampling import SamplingParams
-    from test_distribution import _verify_without_residual
+    from distribution import verify_without_residual
 
     b = Bundle.load(int4_bundle)
     ids = b.target.tokenizer.encode(LONG).ids
@@ -151,7 +151,7 @@ def test_sampling_with_the_prefill_graph_keeps_the_target_distribution(int4_bund
     assert dec.last_result.stats.prefill_ms > 0 and dec.target.prefill_session is not None
     pvals = check_lossless(dec, b, ids, n=1500, seed=0, prefill_graph=True)
     assert set(pvals) == {"x1", "x2", "x3|x1x2"} and min(pvals.values()) > ALPHA, pvals
-    monkeypatch.setattr(rounds_module, "verify_sampled", _verify_without_residual)
+    monkeypatch.setattr(rounds_module, "verify_sampled", verify_without_residual)
     broken = sample_tokens(dec, ids, 1500, 0, SamplingParams(temperature=1.0))
     pvals = check_lossless(dec, b, ids, samples=broken, prefill_graph=True)
     assert min(pvals.values()) < ALPHA, pvals       # the test above fails it (here at x3 given x1 x2)
