@@ -5,6 +5,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def sha256_file(path: str | Path, progress: bool = False, desc: str | None = Non
 # the kernel moves on every write or metadata change, so a file rewritten in place is hashed again.
 DIGEST_CACHE = "digests.json"
 _MAX_ENTRIES = 4096
+NOTICE_BYTES = 512 * 1024**2     # a load that hashes more than this says so (DigestMemory.say_if_slow)
 _SETTLED_NS = 2_000_000_000
 
 
@@ -77,6 +79,23 @@ class DigestMemory:
         entry = self.entries.get(key) or self.fresh.get(key)
         ok = isinstance(entry, dict) and entry.get("id") == ident and isinstance(entry.get("sha256"), str)
         return key, ident, entry if ok else None
+
+    def remembers(self, file: str | Path) -> bool:
+        """Whether the digest of the file as it is now is recorded (sha256 would not read it)."""
+        return self._entry(Path(file))[2] is not None
+
+    def remembers(self, file: str | Path) -> bool:
+        """Whether the digest of the file as it is now is recorded (sha256 would not read it)."""
+        return self._entry(Path(file))[2] is not None
+
+    def say_if_slow(self, files, what: str = "files") -> int:
+        """One line on stderr where hashing `files` reads more than NOTICE_BYTES not remembered here (about
+        1 s per GB); returns those bytes."""
+        todo = sum(Path(f).stat().st_size for f in files if not self.remembers(f))
+        if todo > NOTICE_BYTES:
+            print(f"edgespec: checking {todo / 1e9:.1f} GB of {what} (sha256), once per file on this machine",
+                  file=sys.stderr, flush=True)
+        return todo
 
     def sha256(self, file: str | Path) -> str:
         key, ident, entry = self._entry(Path(file))

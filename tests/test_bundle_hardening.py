@@ -432,3 +432,21 @@ def test_symlink_loop_and_unreadable_file(tiny_self_bundle, copy_bundle, monkeyp
     with pytest.raises(BundleError, match="cannot be read .Permission denied") as exc:
         Bundle.load(b2, verify="full")
     _one_line(exc)
+
+
+def test_a_load_that_hashes_much_says_so_once(tmp_path, capsys, monkeypatch):
+    """The first load of a bundle hashes its files and says so in one line where that reads more than
+    NOTICE_BYTES; the next load reuses the digests and says nothing."""
+    import edgespec.hashing as hashing
+    from edgespec.hashing import DigestMemory
+
+    monkeypatch.setattr(hashing, "NOTICE_BYTES", 1000)
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x" * 5000)
+    memory = DigestMemory(tmp_path / "digests.json")
+    assert memory.say_if_slow([f], "bundle files") == 5000
+    assert "checking 0.0 GB of bundle files (sha256)" in capsys.readouterr().err
+    memory.sha256(f)
+    assert memory.say_if_slow([f], "bundle files") == 0 and capsys.readouterr().err == ""
+    monkeypatch.setattr(hashing, "NOTICE_BYTES", 10_000)
+    assert DigestMemory(tmp_path / "other.json").say_if_slow([f]) == 5000 and capsys.readouterr().err == ""
