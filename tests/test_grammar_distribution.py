@@ -5,13 +5,13 @@ The law under a grammar: p_G(x | h) = p(x | h) 1[x allowed after h] / Z, after t
 (the mask sets forbidden logits to -inf before sampling.probabilities). The oracle below computes it
 with the target alone and a fresh matcher per history; 2,000 seeded generations of 4 tokens with a
 draft length of 4 on the tiny self bundle, so x2 and x3 come from one speculative block whose drafts
-were drawn from the drafter's q restricted to the grammar (rounds.draft_tokens, grammar.mask_distribution)."""
+were drawn from the drafter's q restricted to the grammar (rounds.draft_tokens, generation.Generation.draft_q, grammar.mask_distribution)."""
 import numpy as np
 import pytest
 
 from distribution import ALPHA, TargetOracle, check_lossless, sample_tokens  # tests/ is on sys.path
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime import rounds as rounds_module
+from edgespec.runtime import generation as generation_module
 from edgespec.runtime.grammar import GrammarTokenizer, constraint_from, mask_logits
 from edgespec.runtime.sampling import SamplingParams, probabilities
 
@@ -71,7 +71,7 @@ def _unnormalised_q(q, allowed):
 
 
 def test_unrenormalised_draft_mask_fails_the_same_test(tiny_self_bundle, monkeypatch):
-    monkeypatch.setattr(rounds_module, "mask_distribution", _unnormalised_q)
+    monkeypatch.setattr(generation_module, "mask_distribution", _unnormalised_q)
     params = SamplingParams(temperature=1.0)
     b, dec, ids, oracle = _setup(tiny_self_bundle, params)
     samples = sample_tokens(dec, ids, N, 0, params, **CONSTRAINT)
