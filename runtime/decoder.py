@@ -227,8 +227,8 @@ class SpeculativeDecoder:
         if name not in self._auto:
             self._auto[name] = self.variant(name, draft_probability=self.config.draft_probability, **self.config.options)
         dec = self._auto[name]
-        drafting = dec.governor_for("drafter") if dec.strategy.source else dec.governor
-        if drafting is not None and dec.strategy.uses_drafter:     # the plan's gamma range: drafter rounds only
+        drafting = dec.setup.drafter_governor()
+        if drafting is not None:                   # the plan's gamma range: drafter rounds only
             drafting.cap = max(plan.gamma_max, 1)
         return dec
 

@@ -64,14 +64,16 @@ class DevicePlanning:
         """The plan for the next generation (module docstring)."""
         if self.profile is None:
             return self.plan
-        graph = self.plan.step_graph
-        plan = make_plan(self.profile, self.acceptance(), graph=graph)
-        if plan.drafter or self.acceptance() is None:
+        graph, alpha = self.plan.step_graph, self.acceptance()
+        plan = make_plan(self.profile, alpha, graph=graph)
+        if plan.drafter or alpha is None:
             self.generations_without = 0
             return plan
         self.generations_without += 1
+        if self.generations_without <= REPROBE_EVERY:
+            return plan
         prior = make_plan(self.profile, None, graph=graph)
-        if self.generations_without <= REPROBE_EVERY or not prior.drafter:
+        if not prior.drafter:
             return plan
         self.generations_without = 0
         return replace(prior, acceptance=plan.acceptance, reasons=plan.reasons + (
@@ -92,7 +94,7 @@ class DevicePlanning:
         try:
             with dec._shared.lock:         # noqa: SLF001 - the decoder's own lock: no generation meanwhile
                 sessions = {graph_paths(self.bundle)[self.plan.step_graph]: dec.target.session}
-                drafter = getattr(dec, "drafter", None)
+                drafter = dec.drafter
                 drafter_session = None if drafter is None or drafter.pending else drafter.session
                 self.profile, measured = ensure_profile(self.bundle, self.threads, sessions=sessions,
                                                         drafter_session=drafter_session)

@@ -85,4 +85,4 @@ class Setup:
         """The governor of this variant's drafter rounds (None: it runs no drafter, or not by length)."""
         if not self.uses_drafter:
             return None
-        return self.source_governors.get("drafter") if self.config.strategy.source else self.governor
+        return self.governor_for("drafter" if self.config.strategy.source else None)
