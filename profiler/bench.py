@@ -327,7 +327,7 @@ def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook
         measured.append(rec)
         if hook is not None:
             hook(rec)
-    peers = make_peers(bundle, s) if s.peers else {}
+    peers = make_peers(bundle, s) if s.peers or s.llama_server else {}
     try:
         device = device_plan_summary(bundle, s.threads, s.ep, progress=s.progress)   # before the decoders: they plan from it
         decoders = decoder_family(bundle, configs, s)

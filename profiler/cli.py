@@ -77,6 +77,9 @@ def register_bench(subparsers) -> None:
     p.add_argument("--report", type=Path, required=True, metavar="OUT", help="report directory")
     p.add_argument("--peers", action="store_true",
                    help="onnxruntime-genai's generator on the same graph as a row (greedy, CPU, builder bundles)")
+    p.add_argument("--llama-server", type=Path, metavar="BIN",
+                   help="llama.cpp's plain decoding as a row: this llama-server binary on the target's own GGUF "
+                        "(greedy, CPU, recipe bundles)")
     add_decoder_arguments(p, rows=True, deprecated=("--max-draft-length", "--draft-ep", "--draft-threads",
                                                      "--strategy-option"))
     p.add_argument("--resume", action="store_true",
@@ -97,7 +100,7 @@ def bench_settings(args) -> BenchSettings:
         seed=args.seed, ep=args.ep, threads=args.threads, **own,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, options=options,
         bandwidth_mb=args.bandwidth_mb, verify=args.verify, progress=not args.quiet, resume=args.resume,
-        peers=args.peers, prefill_graph=PREFILL_GRAPH_SETTINGS[args.prefill_graph], command=_command())
+        peers=args.peers, llama_server=args.llama_server, prefill_graph=PREFILL_GRAPH_SETTINGS[args.prefill_graph], command=_command())
 
 
 def run_bench(args) -> int:

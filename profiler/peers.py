@@ -27,12 +27,13 @@ from pathlib import Path
 
 from edgespec.export.last_logits import strip_logits_to_keep
 from edgespec.export.workdirs import owned_tmpdir, remove_stale_tmpdirs
+from edgespec.profiler.peer_llama import LLAMA, LlamaServerPeer, PeerError, target_gguf
 from edgespec.runtime.decoder import GenerationResult
 from edgespec.runtime.sessions import default_threads
 from edgespec.runtime.stats import GenerationStats
 
 GENAI = "onnxruntime-genai"
-PEERS = (GENAI,)
+PEERS = (GENAI, LLAMA)
 GENAI_EPS = {"cuda": "CUDAExecutionProvider"}     # the generator's EP names beside "cpu"
 SCRATCH_PREFIX = "edgespec-peer-"
 
@@ -103,23 +104,43 @@ class GenaiPeer:
 
 
 def make_peers(bundle, settings) -> dict:
-    """{label: peer} for `--peers`; a peer that cannot run here is one line on stderr, and the bench runs
+    """{label: peer}: onnxruntime-genai's generator for `--peers`, llama.cpp's server where
+    `--llama-server` names one. A peer that cannot run here is one line on stderr, and the bench runs
     without its row."""
-    def skip(why: str) -> dict:
-        print(f"edgespec: --peers: {why}; the bench runs without the onnxruntime-genai row", file=sys.stderr)
-        return {}
+    def skip(label: str, why: str) -> None:
+        print(f"edgespec: --peers: {why}; the bench runs without the {label} row", file=sys.stderr)
     if settings.temperature != 0:
-        return skip("the peer rows are greedy only (give --temperature 0)")
+        skip("peer", "the peer rows are greedy only (give --temperature 0)")
+        return {}
+    peers = {}
+    genai = _genai_peer(bundle, settings) if settings.peers else None
+    if isinstance(genai, str):
+        skip(GENAI, genai)
+    elif genai is not None:
+        peers[GENAI] = genai
+    if settings.llama_server:
+        if settings.ep != "cpu":
+            skip(LLAMA, f"the llama.cpp row runs on the CPU, not {settings.ep}")
+            return peers
+        try:
+            peers[LLAMA] = LlamaServerPeer(settings.llama_server, target_gguf(bundle), settings.threads)
+        except (PeerError, OSError) as exc:
+            skip(LLAMA, str(exc).splitlines()[0][:200])
+    return peers
+
+
+def _genai_peer(bundle, settings):
+    """The onnxruntime-genai peer, or why it cannot run here."""
     if settings.ep not in ("cpu", *GENAI_EPS):
-        return skip(f"the peer row runs the CPU or CUDA EP, not {settings.ep}")
+        return f"the onnxruntime-genai row runs the CPU or CUDA EP, not {settings.ep}"
     try:
         import onnxruntime_genai  # noqa: F401  # lazy: onnxruntime-genai: the [export] extra
     except ImportError:
-        return skip("onnxruntime-genai is not installed (pip install 'edgespec[export]')")
+        return "onnxruntime-genai is not installed (pip install 'edgespec[export]')"
     target_dir = Path(bundle.target.onnx).parent
     if not (target_dir / "genai_config.json").is_file():
-        return skip(f"{target_dir} has no genai_config.json (an optimum graph; export with --graph builder)")
+        return f"{target_dir} has no genai_config.json (an optimum graph; export with --graph builder)"
     try:
-        return {GENAI: GenaiPeer(target_dir, settings.threads, settings.ep)}
+        return GenaiPeer(target_dir, settings.threads, settings.ep)
     except Exception as exc:            # the peer's own loader: say why in one line, bench the rest
-        return skip(f"onnxruntime-genai could not load the graph ({str(exc).splitlines()[0][:200]})")
+        return f"onnxruntime-genai could not load the graph ({str(exc).splitlines()[0][:200]})"

@@ -67,6 +67,7 @@ class BenchSettings:
     progress: bool = True
     resume: bool = False
     peers: bool = False                      # onnxruntime-genai's generator as a row (profiler/peers.py)
+    llama_server: Path | None = None         # llama.cpp's llama-server on the target's GGUF as a row (peer_llama.py)
     prefill_graph: bool | str = "auto"       # long forwards on the target's prefill graph (runtime/kv.py)
     command: str = ""
 
@@ -89,4 +90,5 @@ class BenchSettings:
 def settings_dict(s: BenchSettings) -> dict:
     d = asdict(s)
     d["bundle"], d["report"] = str(s.bundle), str(s.report)
+    d["llama_server"] = str(s.llama_server) if s.llama_server else None
     return d

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 
@@ -12,7 +13,10 @@ from edgespec.cli import main
 from edgespec.export.workdirs import host_tag
 from edgespec.profiler import bench as B
 from edgespec.profiler.aggregate import repeat_summary
+from edgespec.profiler.peer_llama import LlamaServerPeer, PeerError, target_gguf
 from edgespec.profiler.settings import FAST_BASELINE
+from edgespec.runtime.bundle import Bundle
+from edgespec.runtime.decoder import SpeculativeDecoder
 
 
 @pytest.fixture
@@ -93,3 +97,45 @@ def test_speedups_by_hand():
     assert s["decode_speedup"] == pytest.approx(2.0)                     # 20 vs 10 tok/s
     assert s["speedup"] == pytest.approx(1100 / 600)                     # 11 tokens in 0.6 s vs 1.1 s
     assert s["ttft_ratio"] == pytest.approx(1.0) and s["draft_prefill_ms"] == pytest.approx(20.0)
+
+
+def test_llama_server_that_cannot_run_is_one_line_and_the_bench_runs(tiny_same_bundle, prompts_file, tmp_path,
+                                                                      capsys):
+    """The tiny bundle's target is no recipe's, so there is no GGUF for llama.cpp: one line, no row."""
+    doc = _bench(tiny_same_bundle, prompts_file, tmp_path / "r", "--strategies", "ar", "--llama-server", "/bin/true")
+    assert [r["strategy"] for r in doc["runs"]] == ["ar"]
+    err = [line for line in capsys.readouterr().err.splitlines() if "llama.cpp" in line]
+    assert len(err) == 1 and "not from a model recipe" in err[0]
+
+
+@pytest.mark.parametrize("binary, why", [("/nonexistent/llama-server", "is not a file"),
+                                         ("/bin/false", "llama-server exited with 1"), ("/etc/hostname", "does not run here")])
+def test_a_llama_server_that_does_not_start_says_why(tmp_path, binary, why):
+    with pytest.raises(PeerError, match=why):
+        LlamaServerPeer(binary, tmp_path / "model.gguf", threads=1)
+
+
+@pytest.mark.long
+@pytest.mark.real
+def test_llama_cpp_is_a_row_of_the_report(smollm_self_bundle, prompts_file, tmp_path):
+    """By hand ($EDGESPEC_LLAMA_SERVER: a llama-server build): llama.cpp's plain decoding of SmolLM2's own
+    GGUF on the bench's prompt ids. Its Q4_1 kernels are not the bundle's fp32 graph (their greedy code
+    drifts apart within a few tokens), but a clear-cut answer after the same prompt ids agrees."""
+    binary = os.environ.get("EDGESPEC_LLAMA_SERVER")
+    if not binary:
+        pytest.skip("no llama-server binary ($EDGESPEC_LLAMA_SERVER unset)")
+    doc = _bench(smollm_self_bundle, prompts_file, tmp_path / "r", "--strategies", "ar", "--llama-server", binary)
+    runs = {r["strategy"]: r for r in doc["runs"]}
+    assert list(runs) == ["ar", "llama.cpp"]
+    row = runs["llama.cpp"]
+    assert row["decode_tokens_per_s"] > 0 and row["ttft_ms"] > 0 and row["compared_with"] == "ar"
+    assert row["providers"]["target"][0].startswith("llama.cpp")
+    dec = SpeculativeDecoder(smollm_self_bundle, strategy="ar", threads=1)
+    peer = LlamaServerPeer(binary, target_gguf(Bundle.load(smollm_self_bundle)), threads=1)
+    try:
+        ids = dec.encode_prompt("The capital of France is")
+        ours, theirs = dec.generate(ids, max_new_tokens=4).token_ids, peer.generate(ids, max_new_tokens=4)
+        assert theirs.token_ids == ours and theirs.prompt_token_ids == ids       # " Paris.\n\n" in both
+    finally:
+        peer.close()
+    assert peer.proc.poll() is not None                 # the server is gone
