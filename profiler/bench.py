@@ -278,6 +278,8 @@ def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dic
             reset_peak_rss()
             res = _generate(decoders[key], ids, s, s.max_new_tokens, seed)
             records.append(record(res, rep, prompt, key, peak_rss_mb()))
+            if hasattr(decoders[key], "planning"):     # a stale device profile measured again: not beside a row
+                decoders[key].planning.wait()
             bar.update(1)
             if hook is not None:
                 hook(records[-1])

@@ -373,7 +373,7 @@ class SpeculativeDecoder:
             finished = True
         finally:
             gen.finish(reason, finished, kv_ids)
-            self.planning.after_generation(dec)
+            self.planning.after_generation(dec, gen.stats)
             if gen.id == self._shared.generation:   # a superseded stream must not overwrite a newer result
                 self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,

@@ -6,7 +6,8 @@ sessions: the plan's graph runs the target for the decoder's whole life. `curren
 graph at the acceptance measured so far (the drafter's draft-length governor: decayed counts per draft
 position over the drafter's whole life in this decoder, once MIN_REACHED positions were reached), which
 decides, before each generation of strategy="auto", whether the drafter runs and the range of gamma
-(runtime/plan.py). Where the drafter stopped paying, every REPROBE_EVERY-th generation still runs it, so
+(runtime/plan.py): a drafter starts where it beats plain decoding by DRAFTER_MARGIN on paper, and a
+running one stops only below KEEP_MARGIN. Where the drafter stopped paying, every REPROBE_EVERY-th generation still runs it, so
 that its acceptance on the prompts this app sends keeps being measured (one prompt's acceptance decided for
 good until 2026-11-27, and on the held-out set it switched a paying drafter off: 1.05x against 1.09x `ar-fast`).
 
@@ -15,6 +16,13 @@ the one the plan is for) the profile is measured once, after the decoder's first
 meanwhile waits for it): never in a first token's time. Its sessions are the decoder's where it has them
 (the step graph's, a built drafter's); the process waits for it at exit, so it is measured once per
 machine. It plans the next generations of this decoder (drafter and gamma; the graph at the next load).
+
+A cached profile is checked against the forwards the decoder times as it runs: where they are faster
+than the profile's cost of the same width by STALE_RATIO or more (median of LIVE_SAMPLES or more), the
+profile was measured while something else used the CPU, and it is measured again the same way, once per
+decoder, saying so in one line. Live forwards sit at longer contexts than the probe's, so they are never
+faster for that reason. (On 2026-11-27 the Xeon's cached profile said 182 ms a 1-token forward, measured
+while four other jobs ran; its forwards take 56 ms, and the drafter's step is 0.25 of one, not 0.14.)
 """
 from __future__ import annotations
 
@@ -22,13 +30,17 @@ import atexit
 import sys
 import threading
 from dataclasses import replace
+from statistics import median
 
 from edgespec.runtime.device_profile import ensure_profile, graph_paths, profile_mode
-from edgespec.runtime.plan import make_plan
+from edgespec.runtime.plan import DRAFTER_MARGIN, KEEP_MARGIN, make_plan
 from edgespec.runtime.sessions import is_cpu_only
 
 MIN_REACHED = 64         # draft positions reached before the measured acceptance replaces the prior
 REPROBE_EVERY = 8        # generations without the drafter between two with it, once it stopped paying
+STALE_RATIO = 0.7        # live forwards this much faster than the profile says: it was measured on a busy CPU
+LIVE_SAMPLES = 24        # live forwards of one width before they are compared with the profile
+LIVE_KEPT = 256          # the latest live forwards kept per width
 _RUNNING: list[threading.Thread] = []
 
 
@@ -49,9 +61,12 @@ class DevicePlanning:
         self.profile = profile
         self.plan = plan                   # the plan the decoder's sessions were made for
         self.drafter_governor = None       # the governor of the drafter's rounds, once any ran
+        self.drafter_running = plan.drafter    # the last plan ran the drafter (its margin: KEEP_MARGIN)
         self.generations_without = 0      # generations since the drafter last ran, once it stopped paying
         self.measuring: threading.Thread | None = None
         self.measure_note: str | None = None
+        self.live_ms: dict[int, list[float]] = {}     # forward width -> the latest timed forwards
+        self.remeasured = False
 
     def acceptance(self) -> float | None:
         """The drafter's per-position acceptance over its life in this decoder, None before MIN_REACHED positions."""
@@ -65,7 +80,9 @@ class DevicePlanning:
         if self.profile is None:
             return self.plan
         graph, alpha = self.plan.step_graph, self.acceptance()
-        plan = make_plan(self.profile, alpha, graph=graph)
+        margin = KEEP_MARGIN if self.drafter_running else DRAFTER_MARGIN
+        plan = make_plan(self.profile, alpha, graph=graph, margin=margin)
+        self.drafter_running = plan.drafter
         if plan.drafter or alpha is None:
             self.generations_without = 0
             return plan
@@ -79,25 +96,52 @@ class DevicePlanning:
         return replace(prior, acceptance=plan.acceptance, reasons=plan.reasons + (
             f"the drafter runs once every {REPROBE_EVERY + 1} generations to keep its acceptance measured",))
 
-    def after_generation(self, dec) -> None:
-        """Book the generation's drafter acceptance (its governor's counts) and, where this machine has no
-        profile yet, start measuring it."""
+    def after_generation(self, dec, stats=None) -> None:
+        """Book the generation's drafter acceptance (its governor's counts) and its timed forwards; where
+        this machine has no profile yet, or its profile is stale (module docstring), start measuring it."""
         self.drafter_governor = dec.setup.drafter_governor() or self.drafter_governor
-        if self.measure and self.profile is None and self.measuring is None and profile_mode() == "auto" \
-                and is_cpu_only(self.ep):
-            self.measuring = threading.Thread(target=self._measure, args=(dec,), name="edgespec-device-profile",
-                                              daemon=True)
-            _RUNNING.append(self.measuring)
-            self.measuring.start()
+        for k, ms in (getattr(stats, "verify_ms_by_k", None) or {}).items():
+            self.live_ms[k] = (self.live_ms.get(k, []) + list(ms))[-LIVE_KEPT:]
+        if not (self.measure and self.measuring is None and profile_mode() == "auto" and is_cpu_only(self.ep)):
+            return
+        remeasure = False
+        if self.profile is not None:
+            ratio = self.live_ratio()
+            if self.remeasured or ratio is None or ratio > STALE_RATIO:
+                return
+            remeasure = self.remeasured = True
+            print(f"edgespec: this machine's forwards run {1 / ratio:.1f}x faster than its device profile says "
+                  "(measured while the CPU was busy): measuring it again", file=sys.stderr)
+        self.measuring = threading.Thread(target=self._measure, args=(dec, remeasure), daemon=True,
+                                          name="edgespec-device-profile")
+        _RUNNING.append(self.measuring)
+        self.measuring.start()
 
-    def _measure(self, dec) -> None:
+    def live_ratio(self) -> float | None:
+        """Median live forward ÷ the profile's forward of the same width (on the plan's graph), at the width
+        timed most; None before LIVE_SAMPLES forwards of one width or without a profile of that width."""
+        g = self.profile.graphs.get(self.plan.step_graph) if self.profile is not None else None
+        if g is None or not g.measured or not self.live_ms:
+            return None
+        k, ms = max(self.live_ms.items(), key=lambda kv: len(kv[1]))
+        width = max(k, self.plan.step_tokens)
+        if len(ms) < LIVE_SAMPLES or width > len(g.cost_ms):
+            return None
+        return float(median(ms)) / g.cost_ms[width - 1]
+
+    def wait(self) -> None:
+        """Until a measurement this decoder started has ended (a benchmark times nothing beside it)."""
+        if self.measuring is not None:
+            self.measuring.join()
+
+    def _measure(self, dec, remeasure: bool = False) -> None:
         try:
             with dec._shared.lock:         # noqa: SLF001 - the decoder's own lock: no generation meanwhile
                 sessions = {graph_paths(self.bundle)[self.plan.step_graph]: dec.target.session}
                 drafter = dec.drafter
                 drafter_session = None if drafter is None or drafter.pending else drafter.session
-                self.profile, measured = ensure_profile(self.bundle, self.threads, sessions=sessions,
-                                                        drafter_session=drafter_session)
+                self.profile, measured = ensure_profile(self.bundle, self.threads, remeasure=remeasure,
+                                                        sessions=sessions, drafter_session=drafter_session)
                 if measured:
                     self.measure_note = f"device profile measured in {self.profile.measure_s:.1f} s"
         except Exception as exc:     # noqa: BLE001 - a failed measurement leaves the export's plan in place

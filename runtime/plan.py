@@ -11,9 +11,12 @@
       tau(gamma)  = (1 - alpha^(gamma+1)) / (1 - alpha)        expected tokens per round
       rate(gamma) = tau(gamma) / (gamma * d + c(gamma + 1))     tokens per ms;   rate(0) = 1 / step
 
-  The drafter runs only where the best speculative rate beats the best exact plain rate by DRAFTER_MARGIN
+  The drafter starts only where the best speculative rate beats the best exact plain rate by DRAFTER_MARGIN
   (what the formula leaves out: the drafter's window fill and catch-up, sampling, the round's
-  bookkeeping); otherwise the default decodes plainly and never builds the drafter;
+  bookkeeping); otherwise the default decodes plainly and never builds the drafter. A drafter that runs
+  stops only where it does not pay even on paper (KEEP_MARGIN: a hysteresis, runtime/device_plan.py):
+  acceptance differs by prompt far more than the formula errs, and a round that does not pay falls back
+  to a plain step anyway (runtime/governor.py);
 - **the range of gamma**: 1..gamma_max, the draft lengths whose rate is within GAMMA_SLACK of the best
   (the draft-length governor, runtime/governor.py, chooses inside it per round);
 - **lookup guesses**: free where the step pads to 2 tokens (the guess takes the padded row), else the
@@ -38,6 +41,11 @@ PRIOR_ACCEPTANCE = 0.7
 # the drafter measured 1.09x `ar-fast` and plain decoding with lookup guesses 1.05x. The draft-length
 # governor still falls back to plain rounds inside a generation where drafting measures slower.
 DRAFTER_MARGIN = 1.10
+# A running drafter stops where even the formula says it loses. With the Xeon's profile measured idle
+# (2026-11-27, calib split), DRAFTER_MARGIN as the line to stop at switched the drafter off after two
+# low-acceptance prompts (writing, roleplay: lifetime acceptance 0.50, 1.07x on paper), and reasoning
+# and math then decoded at 1.07-1.08x `ar` instead of the 1.24-1.27x the drafter gave them.
+KEEP_MARGIN = 1.0
 GAMMA_SLACK = 0.9
 MAX_GAMMA = 8
 GRAPH_WORDS = {"model": "model.onnx", "padded_attention": "padded_attention.onnx", "prefill": "prefill.onnx"}
@@ -96,10 +104,12 @@ def _step(g) -> tuple[int, float] | None:
     return k, g.cost_ms[k - 1]
 
 
-def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAMMA, graph: str | None = None) -> Plan:
+def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAMMA, graph: str | None = None,
+              margin: float = DRAFTER_MARGIN) -> Plan:
     """The plan for `profile` (a device_profile.DeviceProfile, or anything with `.graphs` and
     `.drafter_step_ms`) at per-position acceptance `acceptance` (None: PRIOR_ACCEPTANCE). `graph`: only
-    that graph variant may run the steps (a decoder whose target session exists re-plans on it)."""
+    that graph variant may run the steps (a decoder whose target session exists re-plans on it).
+    `margin`: what the drafter must beat plain decoding by on paper (KEEP_MARGIN for one that runs)."""
     alpha = PRIOR_ACCEPTANCE if acceptance is None else min(max(float(acceptance), 0.0), 1.0)
     reasons: list[str] = []
     for name, g in profile.graphs.items():
@@ -139,9 +149,9 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
     elif best_spec is not None:
         gain = spec[best_spec] / plain[best_plain]
         reasons.append(f"best speculative round at acceptance {alpha:.2f}: {GRAPH_WORDS[best_spec[0]]} gamma "
-                       f"{best_spec[1]}, {fmt(best_spec)} ({gain:.2f}x plain; the drafter runs from "
-                       f"{DRAFTER_MARGIN:.2f}x, drafter step {d:.1f} ms)")
-    if best_spec is not None and spec[best_spec] >= DRAFTER_MARGIN * plain[best_plain]:
+                       f"{best_spec[1]}, {fmt(best_spec)} ({gain:.2f}x plain; the drafter starts from "
+                       f"{DRAFTER_MARGIN:.2f}x and runs down to {KEEP_MARGIN:.2f}x; drafter step {d:.1f} ms)")
+    if best_spec is not None and spec[best_spec] >= margin * plain[best_plain]:
         graph = best_spec[0]
         top = spec[best_spec]
         gamma_max = max(g for (n, g), r in spec.items() if n == graph and r >= GAMMA_SLACK * top)

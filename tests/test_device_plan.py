@@ -166,3 +166,29 @@ def test_a_decoder_replans_on_its_drafters_lifetime_acceptance_and_reprobes_it()
     for _ in range(400):                                                       # the probes find it paying again
         gov.update(2, 2, 10.0)
     assert planning.acceptance() > 0.8 and planning.current().drafter
+
+
+def test_a_running_drafter_stops_only_where_it_does_not_pay_on_paper():
+    """Hysteresis: on the EPYC-like profile acceptance 0.3 is 1.05x on paper, under DRAFTER_MARGIN (a
+    drafter does not start there) and over KEEP_MARGIN (one that runs keeps running); 0.15 is 0.93x (it stops)."""
+    from edgespec.runtime.device_plan import MIN_REACHED, DevicePlanning
+    from edgespec.runtime.governor import Governor
+    from edgespec.runtime.plan import KEEP_MARGIN
+    p = epyc_like()
+    assert KEEP_MARGIN < DRAFTER_MARGIN
+    assert not make_plan(p, acceptance=0.3).drafter and make_plan(p, acceptance=0.3, margin=KEEP_MARGIN).drafter
+
+    def planning_at(alpha: float, running: bool) -> DevicePlanning:
+        planning = DevicePlanning(None, 2, "cpu", p, make_plan(p))
+        planning.drafter_running = running
+        gov = planning.drafter_governor = Governor(8)
+        for i in range(max(300, MIN_REACHED)):
+            gov.update(1, int(i % 100 < alpha * 100), 10.0)
+        assert planning.acceptance() == pytest.approx(alpha, abs=0.01)
+        return planning
+    running = planning_at(0.3, running=True)
+    assert all(running.current().drafter for _ in range(20))             # keeps running
+    stopped = planning_at(0.3, running=False)
+    assert not stopped.current().drafter                                   # does not start again at 1.05x
+    low = planning_at(0.15, running=True)
+    assert not low.current().drafter and not low.current().drafter         # stops, and stays stopped

@@ -141,6 +141,43 @@ def test_measured_after_the_first_generation_not_before(bundle, home, monkeypatc
     assert SpeculativeDecoder(bundle, threads=1).planning.plan.source == "profile"
 
 
+def test_a_profile_measured_on_a_busy_cpu_is_measured_again_once(bundle, home, monkeypatch, capsys):
+    """A cached profile 5x slower than this machine's forwards (as one measured while other jobs ran): the
+    decoder's own timed forwards give it away, and it is measured again, once, with one line."""
+    from edgespec.runtime.device_plan import LIVE_SAMPLES
+    monkeypatch.setenv(dp.MODE_ENV, "auto")
+    profile, _ = dp.ensure_profile(bundle, threads=1)
+    busy = {name: dataclasses.replace(g, cost_ms=[5 * c for c in g.cost_ms]) for name, g in profile.graphs.items()}
+    _write(dataclasses.replace(profile, graphs=busy, drafter_step_ms=5 * profile.drafter_step_ms))
+    dec = SpeculativeDecoder(bundle, threads=1)
+    ar = dec.variant("ar")
+    assert dec.planning.live_ratio() is None                      # nothing timed yet
+    want = ar.generate(PROMPT, max_new_tokens=LIVE_SAMPLES + 8).token_ids   # 1-token steps, timed
+    assert dec.planning.live_ratio() < 0.7
+    _join_running()
+    assert dec.planning.remeasured
+    again = dp.load_profile(bundle, threads=1)
+    assert again.graphs["padded_attention"].cost_ms[0] < busy["padded_attention"].cost_ms[0] / 2
+    assert dec.planning.profile == again
+    err = [line for line in capsys.readouterr().err.splitlines() if "faster than its device profile" in line]
+    assert len(err) == 1 and "measuring it again" in err[0]
+    assert dec.generate(PROMPT, max_new_tokens=LIVE_SAMPLES + 8).token_ids == want
+    _join_running()
+    assert capsys.readouterr().err.count("faster than its device profile") == 0     # once per decoder
+
+
+def test_a_profile_slower_than_live_forwards_is_kept(bundle, home, monkeypatch):
+    """Forwards slower than the profile (a machine busy now, or longer contexts) never re-measure it."""
+    monkeypatch.setenv(dp.MODE_ENV, "auto")
+    profile, _ = dp.ensure_profile(bundle, threads=1)
+    quick = {name: dataclasses.replace(g, cost_ms=[c / 5 for c in g.cost_ms]) for name, g in profile.graphs.items()}
+    _write(dataclasses.replace(profile, graphs=quick))
+    dec = SpeculativeDecoder(bundle, threads=1)
+    dec.variant("ar").generate(PROMPT, max_new_tokens=40)
+    assert dec.planning.live_ratio() > 1 and not dec.planning.remeasured
+    assert dp.load_profile(bundle, threads=1).graphs == quick
+
+
 def test_off_ignores_a_cached_profile(bundle, home, monkeypatch):
     dp.ensure_profile(bundle, threads=1)
     monkeypatch.setenv(dp.MODE_ENV, "off")
