@@ -17,8 +17,9 @@
   stops only where it does not pay even on paper (KEEP_MARGIN: a hysteresis, runtime/device_plan.py):
   acceptance differs by prompt far more than the formula errs, and a round that does not pay falls back
   to a plain step anyway (runtime/governor.py);
-- **the range of gamma**: 1..gamma_max, the draft lengths whose rate is within GAMMA_SLACK of the best
-  (the draft-length governor, runtime/governor.py, chooses inside it per round);
+- **the range of gamma**: 1..gamma_max, the draft lengths whose rate is within GAMMA_SLACK of the best at
+  the acceptance or the prior, whichever is higher (the draft-length governor, runtime/governor.py,
+  chooses inside it per round, from the acceptance of the prompt at hand);
 - **lookup guesses**: free where the step pads to 2 tokens (the guess takes the padded row), else the
   governor's (they widen the forward: Governor.guess_pays).
 
@@ -84,6 +85,17 @@ def tau(alpha: float, gamma: int) -> float:
     if alpha >= 1.0:
         return float(gamma + 1)
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def gamma_range(cost: list[float], drafter_ms: float, alpha: float, max_gamma: int = MAX_GAMMA) -> int:
+    """The longest draft whose rate on paper is within GAMMA_SLACK of the best, at acceptance alpha: the
+    governor (runtime/governor.py) chooses inside 1..this per round. The caller passes at least the prior:
+    the lifetime acceptance averages prompts whose drafts are accepted far more often than others (on the
+    Xeon's calib split, a cap of 1 from the average 0.5 held reasoning and math at 1.11-1.17x `ar`, where
+    gamma up to 3 gave them 1.24-1.27x)."""
+    rates = {g: tau(alpha, g) / (g * drafter_ms + cost[g]) for g in range(1, min(max_gamma, len(cost) - 1) + 1)}
+    top = max(rates.values())
+    return max(g for g, r in rates.items() if r >= GAMMA_SLACK * top)
 
 
 def export_plan(padded_exact_at_export: bool, min_forward_tokens: int, has_padded: bool,
@@ -153,8 +165,7 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
                        f"{DRAFTER_MARGIN:.2f}x and runs down to {KEEP_MARGIN:.2f}x; drafter step {d:.1f} ms)")
     if best_spec is not None and spec[best_spec] >= margin * plain[best_plain]:
         graph = best_spec[0]
-        top = spec[best_spec]
-        gamma_max = max(g for (n, g), r in spec.items() if n == graph and r >= GAMMA_SLACK * top)
+        gamma_max = gamma_range(profile.graphs[graph].cost_ms, d, max(alpha, PRIOR_ACCEPTANCE), max_gamma)
         tokens = steps[graph][0]
         return Plan(graph, tokens, drafter=True, gamma_max=gamma_max, free_guess=tokens >= 2, source="profile",
                     acceptance=alpha, rates=rates, reasons=tuple(reasons))

@@ -192,3 +192,15 @@ def test_a_running_drafter_stops_only_where_it_does_not_pay_on_paper():
     assert not stopped.current().drafter                                   # does not start again at 1.05x
     low = planning_at(0.15, running=True)
     assert not low.current().drafter and not low.current().drafter         # stops, and stays stopped
+
+
+def test_the_gamma_range_is_never_narrower_than_at_the_prior():
+    """The Xeon's idle profile (2026-11-27): at the calib split's lifetime acceptance 0.5 gamma 1 is best
+    on paper, but the range stays the prior's (1..3): the governor finds longer drafts per prompt."""
+    from edgespec.runtime.plan import KEEP_MARGIN, gamma_range
+    cost = [55.8, 65.5, 81.4, 88.4, 102.9, 113.4, 129.0, 140.2, 148.8]
+    p = profile({"padded_attention": exact(cost)}, 12.7)
+    assert gamma_range(cost, 12.7, 0.5) == 1 < gamma_range(cost, 12.7, PRIOR_ACCEPTANCE)
+    low = make_plan(p, acceptance=0.5, margin=KEEP_MARGIN)
+    assert low.drafter and low.gamma_max == make_plan(p).gamma_max == gamma_range(cost, 12.7, PRIOR_ACCEPTANCE)
+    assert make_plan(p, acceptance=0.95).gamma_max >= low.gamma_max
