@@ -295,6 +295,8 @@ def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dic
 def warm_up(decoders: dict, ids: list[int], s: BenchSettings) -> None:
     for dec in decoders.values():
         _generate(dec, ids, s, min(WARMUP_TOKENS, s.max_new_tokens), s.seed)
+        if hasattr(dec, "planning"):
+            dec.planning.wait()
 
 
 def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> dict:
@@ -368,6 +370,9 @@ def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook
     doc = R.build_report(s, bundle, runs, records, bandwidth, partial, [p.id for p, _ in encoded], skipped,
                          time.time() - t0)
     doc["resumed_generations"] = len(done or [])
+    again = next((d.planning.profile for d in decoders.values() if getattr(d, "planning", None) is not None
+                  and d.planning.remeasured and d.planning.profile is not None), None)
+    device["profile_measured_again"] = None if again is None else again.to_json()   # stale: runtime/device_plan.py
     doc["device_plan"] = device
     R.write_report(doc, out, progress=s.progress)
     return doc

@@ -17,8 +17,8 @@ meanwhile waits for it): never in a first token's time. Its sessions are the dec
 (the step graph's, a built drafter's); the process waits for it at exit, so it is measured once per
 machine. It plans the next generations of this decoder (drafter and gamma; the graph at the next load).
 
-A cached profile is checked against the forwards the decoder times as it runs: where they are faster
-than the profile's cost of the same width by STALE_RATIO or more (median of LIVE_SAMPLES or more), the
+A cached profile is checked against the forwards the decoder times as it runs: where they take STALE_RATIO
+of the profile's cost of the same width or less (the median over LIVE_SAMPLES or more forwards), the
 profile was measured while something else used the CPU, and it is measured again the same way, once per
 decoder, saying so in one line. Live forwards sit at longer contexts than the probe's, so they are never
 faster for that reason. (On 2026-11-27 the Xeon's cached profile said 182 ms a 1-token forward, measured
@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import sys
 import threading
+from collections import deque
 from dataclasses import replace
 from statistics import median
 
@@ -39,8 +40,8 @@ from edgespec.runtime.sessions import is_cpu_only
 MIN_REACHED = 64         # draft positions reached before the measured acceptance replaces the prior
 REPROBE_EVERY = 8        # generations without the drafter between two with it, once it stopped paying
 STALE_RATIO = 0.7        # live forwards this much faster than the profile says: it was measured on a busy CPU
-LIVE_SAMPLES = 24        # live forwards of one width before they are compared with the profile
-LIVE_KEPT = 256          # the latest live forwards kept per width
+LIVE_SAMPLES = 24        # live forwards before they are compared with the profile
+LIVE_KEPT = 256          # the latest live forwards kept
 _RUNNING: list[threading.Thread] = []
 
 
@@ -65,7 +66,7 @@ class DevicePlanning:
         self.generations_without = 0      # generations since the drafter last ran, once it stopped paying
         self.measuring: threading.Thread | None = None
         self.measure_note: str | None = None
-        self.live_ms: dict[int, list[float]] = {}     # forward width -> the latest timed forwards
+        self.live_ms: deque[tuple[int, float]] = deque(maxlen=LIVE_KEPT)    # (width, ms) of the latest forwards
         self.remeasured = False
 
     def acceptance(self) -> float | None:
@@ -101,7 +102,7 @@ class DevicePlanning:
         this machine has no profile yet, or its profile is stale (module docstring), start measuring it."""
         self.drafter_governor = dec.setup.drafter_governor() or self.drafter_governor
         for k, ms in (getattr(stats, "verify_ms_by_k", None) or {}).items():
-            self.live_ms[k] = (self.live_ms.get(k, []) + list(ms))[-LIVE_KEPT:]
+            self.live_ms.extend((k, m) for m in ms)
         if not (self.measure and self.measuring is None and profile_mode() == "auto" and is_cpu_only(self.ep)):
             return
         remeasure = False
@@ -118,16 +119,14 @@ class DevicePlanning:
         self.measuring.start()
 
     def live_ratio(self) -> float | None:
-        """Median live forward ÷ the profile's forward of the same width (on the plan's graph), at the width
-        timed most; None before LIVE_SAMPLES forwards of one width or without a profile of that width."""
+        """The median of (live forward ÷ the profile's forward of the same width, on the plan's graph);
+        None before LIVE_SAMPLES forwards or without a profile of that graph."""
         g = self.profile.graphs.get(self.plan.step_graph) if self.profile is not None else None
-        if g is None or not g.measured or not self.live_ms:
+        if g is None or not g.measured or len(self.live_ms) < LIVE_SAMPLES:
             return None
-        k, ms = max(self.live_ms.items(), key=lambda kv: len(kv[1]))
-        width = max(k, self.plan.step_tokens)
-        if len(ms) < LIVE_SAMPLES or width > len(g.cost_ms):
-            return None
-        return float(median(ms)) / g.cost_ms[width - 1]
+        width = lambda k: max(k, self.plan.step_tokens)     # noqa: E731 - a padded step runs 2 tokens
+        ratios = [ms / g.cost_ms[width(k) - 1] for k, ms in self.live_ms if width(k) <= len(g.cost_ms)]
+        return float(median(ratios)) if len(ratios) >= LIVE_SAMPLES else None
 
     def wait(self) -> None:
         """Until a measurement this decoder started has ended (a benchmark times nothing beside it)."""

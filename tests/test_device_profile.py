@@ -166,6 +166,25 @@ def test_a_profile_measured_on_a_busy_cpu_is_measured_again_once(bundle, home, m
     assert capsys.readouterr().err.count("faster than its device profile") == 0     # once per decoder
 
 
+def test_bench_reports_a_profile_measured_again(bundle, home, monkeypatch, tmp_path):
+    """bench plans from the stale profile it finds, and its report carries the one measured again."""
+    from edgespec.cli import main
+    monkeypatch.setenv(dp.MODE_ENV, "auto")
+    profile, _ = dp.ensure_profile(bundle, threads=1)
+    busy = {name: dataclasses.replace(g, cost_ms=[5 * c for c in g.cost_ms]) for name, g in profile.graphs.items()}
+    _write(dataclasses.replace(profile, graphs=busy))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": "q0", "category": "code", "turns": [PROMPT]}) + "\n")
+    out = tmp_path / "r"
+    assert main(["bench", "--bundle", str(bundle.path), "--prompts", str(prompts), "--strategies", "ar,auto",
+                 "--max-new-tokens", "40", "--repeats", "1", "--threads", "1", "--bandwidth-mb", "0", "--quiet",
+                 "--report", str(out)]) == 0
+    device = json.loads((out / "report.json").read_text())["device_plan"]
+    assert device["profile"]["graphs"]["padded_attention"]["cost_ms"] == busy["padded_attention"].cost_ms
+    again = device["profile_measured_again"]
+    assert again["graphs"]["padded_attention"]["cost_ms"][0] < busy["padded_attention"].cost_ms[0] / 2
+
+
 def test_a_profile_slower_than_live_forwards_is_kept(bundle, home, monkeypatch):
     """Forwards slower than the profile (a machine busy now, or longer contexts) never re-measure it."""
     monkeypatch.setenv(dp.MODE_ENV, "auto")
