@@ -47,6 +47,7 @@ from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.config import SESSION_OPTIONS, check_decoder_settings, split_options
 from edgespec.runtime.checks import MAX_DRAFT_LENGTH, check_draft_length, check_generation_args
 from edgespec.runtime.decoder import SpeculativeDecoder
+from edgespec.runtime.device_plan import profile_measured_again, wait_for_profile
 from edgespec.runtime.device_profile import device_plan_summary
 from edgespec.runtime.manifest import manifest_sha256
 from edgespec.runtime.sessions import prefill_graph_applies
@@ -278,8 +279,7 @@ def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dic
             reset_peak_rss()
             res = _generate(decoders[key], ids, s, s.max_new_tokens, seed)
             records.append(record(res, rep, prompt, key, peak_rss_mb()))
-            if hasattr(decoders[key], "planning"):     # a stale device profile measured again: not beside a row
-                decoders[key].planning.wait()
+            wait_for_profile(decoders[key])            # a stale device profile measured again: not beside a row
             bar.update(1)
             if hook is not None:
                 hook(records[-1])
@@ -295,8 +295,7 @@ def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dic
 def warm_up(decoders: dict, ids: list[int], s: BenchSettings) -> None:
     for dec in decoders.values():
         _generate(dec, ids, s, min(WARMUP_TOKENS, s.max_new_tokens), s.seed)
-        if hasattr(dec, "planning"):
-            dec.planning.wait()
+        wait_for_profile(dec)
 
 
 def run_bench(s: BenchSettings, hook: Callable[[dict], None] | None = None) -> dict:
@@ -370,9 +369,7 @@ def _bench(s: BenchSettings, out: Path, prompts: list, prompts_digest: str, hook
     doc = R.build_report(s, bundle, runs, records, bandwidth, partial, [p.id for p, _ in encoded], skipped,
                          time.time() - t0)
     doc["resumed_generations"] = len(done or [])
-    again = next((d.planning.profile for d in decoders.values() if getattr(d, "planning", None) is not None
-                  and d.planning.remeasured and d.planning.profile is not None), None)
-    device["profile_measured_again"] = None if again is None else again.to_json()   # stale: runtime/device_plan.py
+    device["profile_measured_again"] = profile_measured_again(decoders.values())
     doc["device_plan"] = device
     R.write_report(doc, out, progress=s.progress)
     return doc

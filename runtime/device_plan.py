@@ -7,8 +7,8 @@ graph at the acceptance measured so far (the drafter's draft-length governor: de
 position over the drafter's whole life in this decoder, once MIN_REACHED positions were reached), which
 decides, before each generation of strategy="auto", whether the drafter runs and the range of gamma
 (runtime/plan.py): a drafter starts where it beats plain decoding by DRAFTER_MARGIN on paper, and a
-running one stops only below KEEP_MARGIN. Where the drafter stopped paying, every REPROBE_EVERY-th generation still runs it, so
-that its acceptance on the prompts this app sends keeps being measured (one prompt's acceptance decided for
+running one stops only below KEEP_MARGIN. Where the drafter stopped paying, every REPROBE_EVERY-th
+generation still runs it, so that its acceptance on the prompts this app sends keeps being measured (one prompt's acceptance decided for
 good until 2026-11-27, and on the held-out set it switched a paying drafter off: 1.05x against 1.09x `ar-fast`).
 
 Without a cached profile ($EDGESPEC_DEVICE_PROFILE=auto, the CPU EP, a decoder made with strategy "auto",
@@ -22,7 +22,7 @@ of the profile's cost of the same width or less (the median over LIVE_SAMPLES or
 profile was measured while something else used the CPU, and it is measured again the same way, once per
 decoder, saying so in one line. Live forwards sit at longer contexts than the probe's, so they are never
 faster for that reason. (On 2026-11-27 the Xeon's cached profile said 182 ms a 1-token forward, measured
-while four other jobs ran; its forwards take 56 ms, and the drafter's step is 0.25 of one, not 0.14.)
+while four other jobs ran; its forwards take 56 ms, and the drafter's step is 0.23 of one, not 0.14.)
 """
 from __future__ import annotations
 
@@ -149,3 +149,19 @@ class DevicePlanning:
         finally:
             if self.measuring in _RUNNING:
                 _RUNNING.remove(self.measuring)
+
+
+def wait_for_profile(decoder) -> None:
+    """Until a profile measurement the decoder started has ended (a peer row has none)."""
+    planning = getattr(decoder, "planning", None)
+    if planning is not None:
+        planning.wait()
+
+
+def profile_measured_again(decoders) -> dict | None:
+    """The profile one of these decoders measured again as stale, as JSON; None where none did."""
+    for d in decoders:
+        planning = getattr(d, "planning", None)
+        if planning is not None and planning.remeasured and planning.profile is not None:
+            return planning.profile.to_json()
+    return None
