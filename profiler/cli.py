@@ -75,11 +75,9 @@ def register_bench(subparsers) -> None:
     p.add_argument("--bandwidth-mb", type=int, default=256, metavar="MB", help="stream-test size (0: skip)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", type=Path, required=True, metavar="OUT", help="report directory")
-    p.add_argument("--peers", action="store_true",
-                   help="onnxruntime-genai's generator on the same graph as a row (greedy, CPU, builder bundles)")
+    p.add_argument("--peers", action="store_true", help="a row: onnxruntime-genai on the same graph (greedy)")
     p.add_argument("--llama-server", type=Path, metavar="BIN",
-                   help="llama.cpp's plain decoding as a row: this llama-server binary on the target's own GGUF "
-                        "(greedy, CPU, recipe bundles)")
+                   help="a row: llama.cpp's BIN on the same GGUF (greedy)")
     add_decoder_arguments(p, rows=True, deprecated=("--max-draft-length", "--draft-ep", "--draft-threads",
                                                      "--strategy-option"))
     p.add_argument("--resume", action="store_true",

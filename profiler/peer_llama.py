@@ -119,7 +119,7 @@ class LlamaServerPeer:
         if resp.status != 200:
             raise PeerError(f"llama-server answered {resp.status}: {resp.read(200)!r}")
         out: list[int] = []
-        ttft, stop_type = None, "limit"
+        ttft, stop_type = None, None
         for raw in resp:
             line = raw.strip()
             if not line.startswith(b"data:"):
@@ -130,10 +130,12 @@ class LlamaServerPeer:
                 ttft = (time.perf_counter() - t0) * 1e3
             out.extend(int(t) for t in tokens)
             if event.get("stop"):
-                stop_type = event.get("stop_type", stop_type)
+                stop_type = event.get("stop_type", "limit")
                 break
         total = (time.perf_counter() - t0) * 1e3
         conn.close()
+        if stop_type is None:
+            raise PeerError(f"llama-server ended a stream without its last event (exit code {self.proc.poll()})")
         st = GenerationStats(strategy=LLAMA, new_tokens=len(out), prompt_tokens=len(ids), prefill_tokens=1,
                              target_forwards=len(out), verify_forwards=max(len(out) - 1, 0), total_ms=total,
                              ttft_ms=ttft if ttft is not None else total,
