@@ -98,7 +98,8 @@ def bench_settings(args) -> BenchSettings:
         seed=args.seed, ep=args.ep, threads=args.threads, **own,
         repeats=args.repeats, warmup=not args.no_warmup, chat=args.chat, options=options,
         bandwidth_mb=args.bandwidth_mb, verify=args.verify, progress=not args.quiet, resume=args.resume,
-        peers=args.peers, llama_server=args.llama_server, prefill_graph=PREFILL_GRAPH_SETTINGS[args.prefill_graph], command=_command())
+        peers=args.peers, llama_server=args.llama_server, prefill_graph=PREFILL_GRAPH_SETTINGS[args.prefill_graph],
+        command=_command())
 
 
 def run_bench(args) -> int:

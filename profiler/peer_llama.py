@@ -1,4 +1,4 @@
-"""llama.cpp as a row of `edgespec bench --peers --llama-server BIN`: plain decoding of the target's own
+"""llama.cpp as a row of `edgespec bench --llama-server BIN`: plain decoding of the target's own
 GGUF (the recipe the bundle was exported from, sha256-pinned) by a llama-server this bench starts, on
 the same prompt token ids, interleaved with edgespec's rows, with the same thread count.
 
@@ -99,13 +99,15 @@ class LlamaServerPeer:
             if self.proc.poll() is not None:
                 last = next((line for line in reversed(self._log) if line.strip()), "no output")
                 raise PeerError(f"llama-server exited with {self.proc.returncode}: {last[:200]}")
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
             try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
                 conn.request("GET", "/health")
                 if conn.getresponse().status == 200:
                     return
             except OSError:
                 pass
+            finally:
+                conn.close()
             time.sleep(0.2)
         raise PeerError(f"llama-server did not answer /health within {START_TIMEOUT_S:.0f} s")
 

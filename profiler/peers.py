@@ -108,7 +108,8 @@ def make_peers(bundle, settings) -> dict:
     `--llama-server` names one. A peer that cannot run here is one line on stderr, and the bench runs
     without its row."""
     def skip(label: str, why: str) -> None:
-        print(f"edgespec: --peers: {why}; the bench runs without the {label} row", file=sys.stderr)
+        flag = "--llama-server" if label == LLAMA else "--peers"
+        print(f"edgespec: {flag}: {why}; the bench runs without the {label} row", file=sys.stderr)
     if settings.temperature != 0:
         skip("peer", "the peer rows are greedy only (give --temperature 0)")
         return {}

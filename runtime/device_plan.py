@@ -8,8 +8,9 @@ position over the drafter's whole life in this decoder, once MIN_REACHED positio
 decides, before each generation of strategy="auto", whether the drafter runs and the range of gamma
 (runtime/plan.py): a drafter starts where it beats plain decoding by DRAFTER_MARGIN on paper, and a
 running one stops only below KEEP_MARGIN. Where the drafter stopped paying, every REPROBE_EVERY-th
-generation still runs it, so that its acceptance on the prompts this app sends keeps being measured (one prompt's acceptance decided for
-good until 2026-11-27, and on the held-out set it switched a paying drafter off: 1.05x against 1.09x `ar-fast`).
+generation still runs it, so that its acceptance on the prompts this app sends keeps being measured (one
+prompt's acceptance decided for good until 2026-11-27, and on the held-out set it switched a paying
+drafter off: 1.05x against 1.09x `ar-fast`).
 
 Without a cached profile ($EDGESPEC_DEVICE_PROFILE=auto, the CPU EP, a decoder made with strategy "auto",
 the one the plan is for) the profile is measured once, after the decoder's first generation ends, on a thread that holds the decoder's lock (a call that comes
@@ -97,11 +98,11 @@ class DevicePlanning:
         return replace(prior, acceptance=plan.acceptance, reasons=plan.reasons + (
             f"the drafter runs once every {REPROBE_EVERY + 1} generations to keep its acceptance measured",))
 
-    def after_generation(self, dec, stats=None) -> None:
+    def after_generation(self, dec, stats) -> None:
         """Book the generation's drafter acceptance (its governor's counts) and its timed forwards; where
         this machine has no profile yet, or its profile is stale (module docstring), start measuring it."""
         self.drafter_governor = dec.setup.drafter_governor() or self.drafter_governor
-        for k, ms in (getattr(stats, "verify_ms_by_k", None) or {}).items():
+        for k, ms in stats.verify_ms_by_k.items():
             self.live_ms.extend((k, m) for m in ms)
         if not (self.measure and self.measuring is None and profile_mode() == "auto" and is_cpu_only(self.ep)):
             return

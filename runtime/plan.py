@@ -87,13 +87,18 @@ def tau(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
+def round_rate(cost: list[float], drafter_ms: float, alpha: float, gamma: int) -> float:
+    """Expected tokens per second of a round of `gamma` drafts (the module docstring's rate(gamma))."""
+    return 1000.0 * tau(alpha, gamma) / (gamma * drafter_ms + cost[gamma])
+
+
 def gamma_range(cost: list[float], drafter_ms: float, alpha: float, max_gamma: int = MAX_GAMMA) -> int:
     """The longest draft whose rate on paper is within GAMMA_SLACK of the best, at acceptance alpha: the
     governor (runtime/governor.py) chooses inside 1..this per round. The caller passes at least the prior:
     the lifetime acceptance averages prompts whose drafts are accepted far more often than others (on the
     Xeon's calib split, a cap of 1 from the average 0.5 held reasoning and math at 1.11-1.17x `ar`, where
     gamma up to 3 gave them 1.24-1.27x)."""
-    rates = {g: tau(alpha, g) / (g * drafter_ms + cost[g]) for g in range(1, min(max_gamma, len(cost) - 1) + 1)}
+    rates = {g: round_rate(cost, drafter_ms, alpha, g) for g in range(1, min(max_gamma, len(cost) - 1) + 1)}
     top = max(rates.values())
     return max(g for g, r in rates.items() if r >= GAMMA_SLACK * top)
 
@@ -150,7 +155,7 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
         for name in steps:
             cost = profile.graphs[name].cost_ms
             for gamma in range(1, min(max_gamma, len(cost) - 1) + 1):
-                spec[(name, gamma)] = 1000.0 * tau(alpha, gamma) / (gamma * d + cost[gamma])
+                spec[(name, gamma)] = round_rate(cost, d, alpha, gamma)
         rates.update(spec)
     best_plain = max(plain, key=plain.get)
     best_spec = max(spec, key=spec.get) if spec else None

@@ -105,11 +105,12 @@ def test_llama_server_that_cannot_run_is_one_line_and_the_bench_runs(tiny_same_b
     doc = _bench(tiny_same_bundle, prompts_file, tmp_path / "r", "--strategies", "ar", "--llama-server", "/bin/true")
     assert [r["strategy"] for r in doc["runs"]] == ["ar"]
     err = [line for line in capsys.readouterr().err.splitlines() if "llama.cpp" in line]
-    assert len(err) == 1 and "not from a model recipe" in err[0]
+    assert len(err) == 1 and "not from a model recipe" in err[0] and err[0].startswith("edgespec: --llama-server:")
 
 
 @pytest.mark.parametrize("binary, why", [("/nonexistent/llama-server", "is not a file"),
-                                         ("/bin/false", "llama-server exited with 1"), ("/etc/hostname", "does not run here")])
+                                         ("/bin/false", "llama-server exited with 1"),
+                                         ("/etc/hostname", "does not run here")])
 def test_a_llama_server_that_does_not_start_says_why(tmp_path, binary, why):
     with pytest.raises(PeerError, match=why):
         LlamaServerPeer(binary, tmp_path / "model.gguf", threads=1)
