@@ -222,11 +222,15 @@ class SpeculativeDecoder:
         if self.strategy.name != "auto":
             return self
         plan = self.planning.current()
+        fast = plan.plain_steps == "fast"
         name = choose_auto(self.bundle, greedy, randomised=self.config.draft_probability is not None,
-                           drafter=plan.drafter, exact=plan.gamma_max > 0)
-        if name not in self._auto:
-            self._auto[name] = self.variant(name, draft_probability=self.config.draft_probability, **self.config.options)
-        dec = self._auto[name]
+                           drafter=plan.drafter, exact=plan.gamma_max > 0, fast_plain=fast)
+        key = (name, fast and name == "ar")
+        if key not in self._auto:
+            steps = {"plain_steps": "fast"} if key[1] else {}
+            self._auto[key] = self.variant(name, draft_probability=self.config.draft_probability,
+                                           **steps, **self.config.options)
+        dec = self._auto[key]
         drafting = dec.setup.drafter_governor()
         if drafting is not None:                   # the plan's gamma range: drafter rounds only
             drafting.cap = max(plan.gamma_max, 1)
@@ -373,7 +377,7 @@ class SpeculativeDecoder:
             finished = True
         finally:
             gen.finish(reason, finished, kv_ids)
-            self.planning.after_generation(dec, gen.stats)
+            self.planning.after_generation(dec, gen.stats, prompt_ids, gen.generated)
             if gen.id == self._shared.generation:   # a superseded stream must not overwrite a newer result
                 self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,

@@ -7,7 +7,9 @@ graph at the acceptance measured so far (the drafter's draft-length governor: de
 position over the drafter's whole life in this decoder, once MIN_REACHED positions were reached), which
 decides, before each generation of strategy="auto", whether the drafter runs and the range of gamma
 (runtime/plan.py): a drafter starts where it beats plain decoding by DRAFTER_MARGIN on paper, and a
-running one stops only below KEEP_MARGIN. Where the drafter stopped paying, every REPROBE_EVERY-th
+running one stops only below KEEP_MARGIN. Where the plan's steps pad, it also books how often a lookup
+guess would have been kept on each output (lookup.guess_record), which decides between padded plain
+steps with guesses and unpadded 1-token ones (runtime/plan.py). Where the drafter stopped paying, every REPROBE_EVERY-th
 generation still runs it, so that its acceptance on the prompts this app sends keeps being measured (one
 prompt's acceptance decided for good until 2026-11-27, and on the held-out set it switched a paying
 drafter off: 1.05x against 1.09x `ar-fast`).
@@ -35,6 +37,7 @@ from dataclasses import replace
 from statistics import median
 
 from edgespec.runtime.device_profile import ensure_profile, graph_paths, profile_mode
+from edgespec.runtime.lookup import guess_record
 from edgespec.runtime.plan import DRAFTER_MARGIN, KEEP_MARGIN, make_plan
 from edgespec.runtime.sessions import is_cpu_only
 
@@ -43,6 +46,7 @@ REPROBE_EVERY = 8        # generations without the drafter between two with it, 
 STALE_RATIO = 0.7        # live forwards this much faster than the profile says: it was measured on a busy CPU
 LIVE_SAMPLES = 24        # live forwards before they are compared with the profile
 LIVE_KEPT = 256          # the latest live forwards kept
+MIN_GUESSES = 64         # simulated lookup guesses before their kept share replaces the plan's prior
 _RUNNING: list[threading.Thread] = []
 
 
@@ -69,6 +73,7 @@ class DevicePlanning:
         self.measure_note: str | None = None
         self.live_ms: deque[tuple[int, float]] = deque(maxlen=LIVE_KEPT)    # (width, ms) of the latest forwards
         self.remeasured = False
+        self.guess_steps = self.guesses_kept = 0    # lookup guesses on this decoder's outputs (lookup_share)
 
     def acceptance(self) -> float | None:
         """The drafter's per-position acceptance over its life in this decoder, None before MIN_REACHED positions."""
@@ -77,13 +82,18 @@ class DevicePlanning:
             return None
         return g.total_accepted / g.total_reached
 
+    def lookup_share(self) -> float | None:
+        """The share of padded plain steps whose lookup guess would have been kept on this decoder's
+        outputs (lookup.guess_record), None before MIN_GUESSES steps."""
+        return self.guesses_kept / self.guess_steps if self.guess_steps >= MIN_GUESSES else None
+
     def current(self):
         """The plan for the next generation (module docstring)."""
         if self.profile is None:
             return self.plan
         graph, alpha = self.plan.step_graph, self.acceptance()
         margin = KEEP_MARGIN if self.drafter_running else DRAFTER_MARGIN
-        plan = make_plan(self.profile, alpha, graph=graph, margin=margin)
+        plan = make_plan(self.profile, alpha, graph=graph, margin=margin, lookup_kept=self.lookup_share())
         self.drafter_running = plan.drafter
         if plan.drafter or alpha is None:
             self.generations_without = 0
@@ -91,19 +101,24 @@ class DevicePlanning:
         self.generations_without += 1
         if self.generations_without <= REPROBE_EVERY:
             return plan
-        prior = make_plan(self.profile, None, graph=graph)
+        prior = make_plan(self.profile, None, graph=graph, lookup_kept=self.lookup_share())
         if not prior.drafter:
             return plan
         self.generations_without = 0
         return replace(prior, acceptance=plan.acceptance, reasons=plan.reasons + (
             f"the drafter runs once every {REPROBE_EVERY + 1} generations to keep its acceptance measured",))
 
-    def after_generation(self, dec, stats) -> None:
-        """Book the generation's drafter acceptance (its governor's counts) and its timed forwards; where
-        this machine has no profile yet, or its profile is stale (module docstring), start measuring it."""
+    def after_generation(self, dec, stats, prompt_ids=(), output_ids=()) -> None:
+        """Book the generation's drafter acceptance (its governor's counts), its timed forwards and, where
+        the plan's steps pad (1-token steps may be faster), how often a lookup guess would have been kept
+        on its output; where this machine has no profile yet, or its profile is stale (module
+        docstring), start measuring it."""
         self.drafter_governor = dec.setup.drafter_governor() or self.drafter_governor
         for k, ms in stats.verify_ms_by_k.items():
             self.live_ms.extend((k, m) for m in ms)
+        if self.profile is not None and self.plan.step_tokens >= 2 and len(output_ids) > 1:
+            steps, kept = guess_record(prompt_ids, output_ids)
+            self.guess_steps, self.guesses_kept = self.guess_steps + steps, self.guesses_kept + kept
         if not (self.measure and self.measuring is None and profile_mode() == "auto" and is_cpu_only(self.ep)):
             return
         remeasure = False

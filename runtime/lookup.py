@@ -21,3 +21,16 @@ def lookup(history: np.ndarray, max_n: int, gamma: int, min_n: int = 1) -> tuple
             start = int(hits[-1]) + n
             return hist[start:start + gamma].tolist(), n
     return [], 0
+
+
+def guess_record(prompt_ids, output_ids, max_n: int = DEFAULT_MAX_N, limit: int = 512) -> tuple[int, int]:
+    """(steps, guesses kept) had the first `limit` tokens of output_ids after the first been decoded by
+    padded plain steps that each carry a lookup guess (rounds.plain_step): a step feeds the last token and
+    the guess, and a kept guess commits two tokens. Exact for greedy decoding (the same tokens come out)."""
+    history = np.asarray([*prompt_ids, *output_ids[:limit + 1]], dtype=np.int64)
+    i, steps, kept = len(prompt_ids) + 1, 0, 0      # the first output token comes from the prefill
+    while i < history.size:
+        guess, _ = lookup(history[:i], max_n, 1)
+        hit = bool(guess) and i + 1 < history.size and guess[0] == history[i]
+        steps, kept, i = steps + 1, kept + hit, i + 1 + hit
+    return steps, kept

@@ -21,7 +21,14 @@
   the acceptance or the prior, whichever is higher (the draft-length governor, runtime/governor.py,
   chooses inside it per round, from the acceptance of the prompt at hand);
 - **lookup guesses**: free where the step pads to 2 tokens (the guess takes the padded row), else the
-  governor's (they widen the forward: Governor.guess_pays).
+  governor's (they widen the forward: Governor.guess_pays);
+- **plain 1-token steps** (`plain_steps` "fast") where the drafter does not run and the exact step pads:
+  a generation that speculates nowhere is the target's own decoding with 1-token forwards (what
+  onnxruntime-genai runs), and that is faster than padded steps with lookup guesses unless the guesses
+  keep more than c(2) / c(1) - 1 of the steps (the kept share measured on this app's outputs,
+  runtime/device_plan.py, else LOOKUP_PRIOR). The drafter must beat that rate too: on the AVX2 EPYC
+  (2026-11-27) a padded step cost 1.23x a 1-token one, so padded plain decoding ran 0.81x `ar-fast`, and
+  the drafter was judged against it.
 
 Without a profile (none measured yet on this machine, a GPU EP, or $EDGESPEC_DEVICE_PROFILE=off) the plan
 is the export's (`export_plan`): the graph the export found exact, the drafter on, gamma up to the
@@ -47,6 +54,9 @@ DRAFTER_MARGIN = 1.10
 # low-acceptance prompts (writing, roleplay: lifetime acceptance 0.50, 1.07x on paper), and reasoning
 # and math then decoded at 1.07-1.08x `ar` instead of the 1.24-1.27x the drafter gave them.
 KEEP_MARGIN = 1.0
+# The share of plain steps whose free lookup guess the target keeps, before this app's outputs measured
+# it: on the Xeon's held-out test split (2026-11-27) plain decoding with lookup guesses ran 1.05x `ar-fast`.
+LOOKUP_PRIOR = 0.05
 GAMMA_SLACK = 0.9
 MAX_GAMMA = 8
 GRAPH_WORDS = {"model": "model.onnx", "padded_attention": "padded_attention.onnx", "prefill": "prefill.onnx"}
@@ -60,6 +70,7 @@ class Plan:
     gamma_max: int                  # drafts per round at most (0: nothing speculative is exact here)
     free_guess: bool                # a plain step's lookup guess rides in its padded row
     source: str                     # "profile" or "export"
+    plain_steps: str = "exact"      # without the drafter: "fast" runs unpadded 1-token steps, no lookup
     acceptance: float | None = None
     rates: dict = field(default_factory=dict)     # {(graph, gamma): expected tokens per second}
     reasons: tuple[str, ...] = ()
@@ -72,6 +83,9 @@ class Plan:
         """One line: the plan in words."""
         if self.gamma_max == 0:
             what = "plain 1-token steps only (no exact speculation on this machine)"
+        elif self.plain_steps == "fast" and not self.drafter:
+            return (f"plan ({self.source}): plain 1-token steps on {self.graph_file} (the target's own decoding: "
+                    "faster here than padded steps with lookup guesses); no drafter")
         elif self.drafter:
             what = f"speculative with the drafter, gamma 1..{self.gamma_max}"
         else:
@@ -122,12 +136,14 @@ def _step(g) -> tuple[int, float] | None:
 
 
 def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAMMA, graph: str | None = None,
-              margin: float = DRAFTER_MARGIN) -> Plan:
+              margin: float = DRAFTER_MARGIN, lookup_kept: float | None = None) -> Plan:
     """The plan for `profile` (a device_profile.DeviceProfile, or anything with `.graphs` and
     `.drafter_step_ms`) at per-position acceptance `acceptance` (None: PRIOR_ACCEPTANCE). `graph`: only
     that graph variant may run the steps (a decoder whose target session exists re-plans on it).
-    `margin`: what the drafter must beat plain decoding by on paper (KEEP_MARGIN for one that runs)."""
+    `margin`: what the drafter must beat plain decoding by on paper (KEEP_MARGIN for one that runs).
+    `lookup_kept`: the share of padded plain steps whose lookup guess is kept (None: LOOKUP_PRIOR)."""
     alpha = PRIOR_ACCEPTANCE if acceptance is None else min(max(float(acceptance), 0.0), 1.0)
+    kept = LOOKUP_PRIOR if lookup_kept is None else min(max(float(lookup_kept), 0.0), 1.0)
     reasons: list[str] = []
     for name, g in profile.graphs.items():
         word = GRAPH_WORDS.get(name, name)
@@ -147,8 +163,12 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
         reasons.append("no graph computes the same logits for every forward width here: plain 1-token steps")
         return Plan("model", 1, drafter=False, gamma_max=0, free_guess=False, source="profile", acceptance=alpha,
                     reasons=tuple(reasons))
-    plain = {name: 1000.0 / ms for name, (_, ms) in steps.items()}
-    rates = {(name, 0): r for name, r in plain.items()}
+    # plain decoding per graph: padded steps with free lookup guesses, or unpadded 1-token steps
+    padded = {name: 1000.0 * (1.0 + kept if k >= 2 else 1.0) / ms for name, (k, ms) in steps.items()}
+    fast = {name: 1000.0 / profile.graphs[name].cost_ms[0] for name, (k, _) in steps.items() if k >= 2}
+    plain = {name: max(padded[name], fast.get(name, 0.0)) for name in steps}
+    rates = {(name, 0): r for name, r in padded.items()}
+    rates.update({(name, "1-token"): r for name, r in fast.items()})
     d = profile.drafter_step_ms
     spec: dict[tuple[str, int], float] = {}
     if d is not None:
@@ -160,7 +180,12 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
     best_plain = max(plain, key=plain.get)
     best_spec = max(spec, key=spec.get) if spec else None
     fmt = lambda key: f"{rates[key]:.1f} tok/s"      # noqa: E731 - one format for the reasons
-    reasons.append(f"fastest exact plain decoding: {GRAPH_WORDS[best_plain]}, {fmt((best_plain, 0))}")
+    if fast.get(best_plain, 0.0) > padded[best_plain]:
+        reasons.append(f"fastest plain decoding: {GRAPH_WORDS[best_plain]} with unpadded 1-token steps, "
+                       f"{fmt((best_plain, '1-token'))} (padded steps with lookup guesses kept {kept:.2f} of the "
+                       f"time: {fmt((best_plain, 0))})")
+    else:
+        reasons.append(f"fastest exact plain decoding: {GRAPH_WORDS[best_plain]}, {fmt((best_plain, 0))}")
     if d is None:
         reasons.append("no drafter in this bundle")
     elif best_spec is not None:
@@ -177,5 +202,6 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
     if d is not None:
         reasons.append("the drafter does not pay here: plain decoding with lookup guesses, no drafter")
     tokens = steps[best_plain][0]
+    plain_steps = "fast" if fast.get(best_plain, 0.0) > padded[best_plain] else "exact"
     return Plan(best_plain, tokens, drafter=False, gamma_max=max_gamma, free_guess=tokens >= 2, source="profile",
-                acceptance=alpha, rates=rates, reasons=tuple(reasons))
+                plain_steps=plain_steps, acceptance=alpha, rates=rates, reasons=tuple(reasons))

@@ -121,7 +121,8 @@ for _s in (
     register(_s)
 
 
-def choose_auto(bundle, greedy: bool, randomised: bool = False, drafter: bool = True, exact: bool = True) -> str:
+def choose_auto(bundle, greedy: bool, randomised: bool = False, drafter: bool = True, exact: bool = True,
+                fast_plain: bool = False) -> str:
     """strategy="auto" (docs/samplers.md; measured: docs/results.md): on a heterogeneous pair SLEM, greedy or sampled
     (string-level matching drafts the tokens TLI's intersection cannot: 1.31-1.45x against TLI's
     0.96-1.15x on qwen-smollm and qwen-gemma); on a shared tokenizer TLI (= sd), whose rejection
@@ -134,11 +135,12 @@ def choose_auto(bundle, greedy: bool, randomised: bool = False, drafter: bool = 
     strategy: TLI.
 
     The device plan (runtime/plan.py) may say the drafter does not pay on this machine (`drafter=False`:
-    prompt lookup alone, `ngram`), or that no speculation is exact here (`exact=False`: `ar`)."""
+    prompt lookup alone, `ngram`), that unpadded 1-token steps beat padded ones with lookup guesses
+    (`fast_plain`: `ar`, run with plain_steps="fast"), or that no speculation is exact here (`exact=False`: `ar`)."""
     if not exact:
         return "ar"
     if not drafter and not randomised:
-        return "ngram"
+        return "ar" if fast_plain else "ngram"
     if randomised:
         return "tli"
     return "ngram-tli" if bundle.same_tokenizer else "slem"

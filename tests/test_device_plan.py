@@ -5,7 +5,7 @@ compute-bound one where the drafter never pays."""
 import pytest
 
 from edgespec.runtime.device_profile import DeviceProfile, GraphProfile
-from edgespec.runtime.plan import DRAFTER_MARGIN, PRIOR_ACCEPTANCE, export_plan, make_plan, tau
+from edgespec.runtime.plan import DRAFTER_MARGIN, LOOKUP_PRIOR, PRIOR_ACCEPTANCE, export_plan, make_plan, tau
 from edgespec.runtime.strategies import choose_auto
 
 
@@ -63,16 +63,37 @@ def test_an_epyc_like_cpu_pads_model_onnx_and_speculates_only_where_acceptance_p
     plan = make_plan(p)
     assert plan.step_graph == "model" and plan.step_tokens == 2 and plan.free_guess
     assert plan.drafter and plan.gamma_max <= 2                     # verify costs grow fast: short drafts only
-    plain = 1000 / p.graphs["model"].cost_ms[1]
-    assert plan.rates[("model", 0)] == pytest.approx(plain)
+    padded = 1000 * (1 + LOOKUP_PRIOR) / p.graphs["model"].cost_ms[1]      # padded steps with free guesses
+    assert plan.rates[("model", 0)] == pytest.approx(padded)
+    assert plan.rates[("model", "1-token")] == pytest.approx(1000 / 100.6)  # unpadded: ar-fast
     assert plan.rates[("model", 1)] == pytest.approx(1000 * tau(PRIOR_ACCEPTANCE, 1) / (30.2 + 123.738))
-    low = make_plan(p, acceptance=0.3)                              # 1.3 / 1.24 of a padded step: 1.05x < margin
+    low = make_plan(p, acceptance=0.3)                              # 1.3 / 1.53 of a 1-token step: 0.85x
     assert not low.drafter and low.step_graph == "model" and low.free_guess and low.gamma_max == 8
     assert any("does not pay" in r for r in low.reasons)
     assert any("padded_attention.onnx" in r and "disagree" in r for r in plan.reasons)
     assert any("prefill.onnx" in r and "slower" in r for r in plan.reasons)
-    assert choose_auto(_Bundle(), True, drafter=low.drafter) == "ngram"
     assert choose_auto(_Bundle(), True, drafter=plan.drafter) == "ngram-tli"
+    # without the drafter, unpadded 1-token steps (the target's own decoding) beat padded steps with
+    # lookup guesses, unless the guesses are kept more than 1.23 - 1 of the time
+    assert low.plain_steps == "fast" and "plain 1-token steps" in low.describe()
+    assert any("unpadded 1-token steps" in r for r in low.reasons)
+    assert choose_auto(_Bundle(), True, drafter=low.drafter, fast_plain=True) == "ar"
+    copied = make_plan(p, acceptance=0.3, lookup_kept=0.3)
+    assert copied.plain_steps == "exact" and not copied.drafter
+    assert choose_auto(_Bundle(), True, drafter=copied.drafter) == "ngram"
+
+
+def test_on_an_epyc_like_cpu_the_drafter_must_beat_unpadded_steps():
+    """Acceptance 0.6: a drafter round is 1.22x a padded step with guesses on paper, but 1.05x an
+    unpadded 1-token step (ar-fast): under DRAFTER_MARGIN, so no drafter."""
+    p = epyc_like()
+    plan = make_plan(p, acceptance=0.6)
+    spec, fast = plan.rates[("model", 1)], plan.rates[("model", "1-token")]
+    assert spec / plan.rates[("model", 0)] > DRAFTER_MARGIN > spec / fast > 1.0
+    assert not plan.drafter and plan.plain_steps == "fast"
+    # where 1-token steps are exact there is nothing to unpad: the plain plan keeps its lookup guesses
+    plain = make_plan(batch_invariant(), acceptance=0.1)
+    assert not plain.drafter and plain.plain_steps == "exact" and plain.step_tokens == 1
 
 
 def test_only_one_token_steps_exact_means_no_speculation():
@@ -169,14 +190,15 @@ def test_a_decoder_replans_on_its_drafters_lifetime_acceptance_and_reprobes_it()
 
 
 def test_a_running_drafter_stops_only_where_it_does_not_pay_on_paper():
-    """Hysteresis: on the EPYC-like profile acceptance 0.3 is 1.05x on paper, under DRAFTER_MARGIN (a
-    drafter does not start there) and over KEEP_MARGIN (one that runs keeps running); 0.15 is 0.93x (it stops)."""
+    """Hysteresis: on the EPYC-like profile acceptance 0.6 is 1.05x unpadded plain steps on paper, under
+    DRAFTER_MARGIN (a drafter does not start there) and over KEEP_MARGIN (one that runs keeps running);
+    0.4 is 0.92x (it stops)."""
     from edgespec.runtime.device_plan import MIN_REACHED, DevicePlanning
     from edgespec.runtime.governor import Governor
     from edgespec.runtime.plan import KEEP_MARGIN
     p = epyc_like()
     assert KEEP_MARGIN < DRAFTER_MARGIN
-    assert not make_plan(p, acceptance=0.3).drafter and make_plan(p, acceptance=0.3, margin=KEEP_MARGIN).drafter
+    assert not make_plan(p, acceptance=0.6).drafter and make_plan(p, acceptance=0.6, margin=KEEP_MARGIN).drafter
 
     def planning_at(alpha: float, running: bool) -> DevicePlanning:
         planning = DevicePlanning(None, 2, "cpu", p, make_plan(p))
@@ -186,11 +208,11 @@ def test_a_running_drafter_stops_only_where_it_does_not_pay_on_paper():
             gov.update(1, int(i % 100 < alpha * 100), 10.0)
         assert planning.acceptance() == pytest.approx(alpha, abs=0.01)
         return planning
-    running = planning_at(0.3, running=True)
+    running = planning_at(0.6, running=True)
     assert all(running.current().drafter for _ in range(20))             # keeps running
-    stopped = planning_at(0.3, running=False)
+    stopped = planning_at(0.6, running=False)
     assert not stopped.current().drafter                                   # does not start again at 1.05x
-    low = planning_at(0.15, running=True)
+    low = planning_at(0.4, running=True)
     assert not low.current().drafter and not low.current().drafter         # stops, and stays stopped
 
 
@@ -204,3 +226,19 @@ def test_the_gamma_range_is_never_narrower_than_at_the_prior():
     low = make_plan(p, acceptance=0.5, margin=KEEP_MARGIN)
     assert low.drafter and low.gamma_max == make_plan(p).gamma_max == gamma_range(cost, 12.7, PRIOR_ACCEPTANCE)
     assert make_plan(p, acceptance=0.95).gamma_max >= low.gamma_max
+
+
+def test_the_lookup_guess_record_of_an_output():
+    """By hand: after the prefill's token 9, no match (a step); "1" -> "2" kept (two tokens); "1 2 3" -> "4",
+    but 7 came (a step). Every output token after the first is committed by exactly one step."""
+    import numpy as np
+
+    from edgespec.runtime.lookup import guess_record
+    assert guess_record([1, 2, 3, 4, 5], [9, 1, 2, 3, 7]) == (3, 1)
+    assert guess_record([1, 2], [3]) == (0, 0)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        prompt, out = rng.integers(0, 4, 30).tolist(), rng.integers(0, 4, 50).tolist()
+        steps, kept = guess_record(prompt, out)
+        assert 0 < kept < steps and steps + kept == len(out) - 1
+    assert guess_record(prompt, out, limit=10)[0] + guess_record(prompt, out, limit=10)[1] == 10

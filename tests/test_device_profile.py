@@ -119,11 +119,35 @@ def test_a_plan_on_padded_model_steps_where_the_padded_graph_is_inexact(bundle, 
     assert auto.strategy.name == "ngram-tli" and plan.gamma_max < 8
     assert auto.governor_for("drafter").cap == plan.gamma_max          # the plan bounds the drafter's rounds
     assert auto.governor_for("ngram").cap == 8                        # lookup keeps its range
-    ar = dec.variant("ar")
+    ar, ar_fast = dec.variant("ar"), dec.variant("ar", plain_steps="fast")
     for prompt in (PROMPT, "The quick brown fox"):             # the measured acceptance may drop the drafter
-        want = ar.generate(prompt, max_new_tokens=30).token_ids
         res = dec.generate(prompt, max_new_tokens=30)
-        assert res.token_ids == want and res.stats.strategy in ("ngram-tli", "ngram")
+        plain = res.stats.strategy == "ar"                    # then unpadded 1-token steps: ar-fast
+        want = (ar_fast if plain else ar).generate(prompt, max_new_tokens=30).token_ids
+        assert res.token_ids == want and res.stats.strategy in ("ngram-tli", "ngram", "ar")
+
+
+def test_without_the_drafter_unpadded_steps_where_padding_costs_more_than_lookup_saves(bundle, home):
+    """1-token forwards differ from wider ones here and cost 0.5x a padded step; the drafter never pays:
+    the default runs `ar` with 1-token steps (the target's own decoding, ar-fast's tokens). Once the
+    outputs show lookup guesses kept more often than a padded step's extra cost, it pads and guesses."""
+    profile, _ = dp.ensure_profile(bundle, threads=1)
+    model = dp.GraphProfile(measured=True, one_token_exact=False, wide_exact=True, one_token_max_abs_diff=2e-6,
+                            wide_max_abs_diff=0.0, cost_ms=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
+    _write(dataclasses.replace(profile, graphs={"model": model}, drafter_step_ms=100.0))
+    dec = SpeculativeDecoder(bundle, threads=1)
+    assert dec.planning.plan.step_tokens == 2 and dec.planning.current().plain_steps == "fast"
+    fast = dec.variant("ar", plain_steps="fast")
+    for prompt in (PROMPT, "The quick brown fox jumps over"):
+        res = dec.generate(prompt, max_new_tokens=40)
+        assert res.stats.strategy == "ar" and res.stats.guesses == 0
+        assert res.token_ids == fast.generate(prompt, max_new_tokens=40).token_ids
+    assert dec.planning.guess_steps >= 70 and dec.drafter.pending                     # outputs booked
+    dec.planning.guesses_kept = dec.planning.guess_steps                              # as if all were copied
+    assert dec.planning.current().plain_steps == "exact"
+    res = dec.generate(PROMPT, max_new_tokens=20)
+    assert res.stats.strategy == "ngram" and res.stats.guesses + res.stats.drafted > 0    # padded, lookup
+    assert res.token_ids == dec.variant("ar").generate(PROMPT, max_new_tokens=20).token_ids
 
 
 def test_measured_after_the_first_generation_not_before(bundle, home, monkeypatch):
