@@ -95,6 +95,8 @@ class Generation:
         st.draft_refills = dc.window.refills if dc is not None else 0
         if completed and self.config.prefix_reuse and self.id == self.shared.generation:
             kv_ids = (kv_ids or self.prompt_ids + self.generated)[:self.target.length]
+            if self.config.plain_steps == "fast" and self.target.min_tokens >= 2:
+                kv_ids = kv_ids[:len(self.prompt_ids)]      # unpadded steps: not what a cold prefill computes
             self.shared.prefix.remember(kv_ids, dc.ids if dc else None, dc.window if dc else None)
 
     # -- phases
