@@ -199,9 +199,10 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
         tokens = steps[graph][0]
         return Plan(graph, tokens, drafter=True, gamma_max=gamma_max, free_guess=tokens >= 2, source="profile",
                     acceptance=alpha, rates=rates, reasons=tuple(reasons))
-    if d is not None:
-        reasons.append("the drafter does not pay here: plain decoding with lookup guesses, no drafter")
     tokens = steps[best_plain][0]
     plain_steps = "fast" if fast.get(best_plain, 0.0) > padded[best_plain] else "exact"
+    if d is not None:
+        how = "unpadded 1-token steps" if plain_steps == "fast" else "plain decoding with lookup guesses"
+        reasons.append(f"the drafter does not pay here: {how}, no drafter")
     return Plan(best_plain, tokens, drafter=False, gamma_max=max_gamma, free_guess=tokens >= 2, source="profile",
                 plain_steps=plain_steps, acceptance=alpha, rates=rates, reasons=tuple(reasons))
