@@ -114,8 +114,9 @@ class DevicePlanning:
         on its output; where this machine has no profile yet, or its profile is stale (module
         docstring), start measuring it."""
         self.drafter_governor = dec.setup.drafter_governor() or self.drafter_governor
+        unpadded = dec.config.plain_steps == "fast" and self.plan.step_tokens >= 2    # not the profile's widths
         for k, ms in stats.verify_ms_by_k.items():
-            self.live_ms.extend((k, m) for m in ms)
+            self.live_ms.extend((k, m) for m in ms if k > 1 or not unpadded)
         if self.profile is not None and self.plan.step_tokens >= 2 and len(output_ids) > 1:
             steps, kept = guess_record(prompt_ids, output_ids)
             self.guess_steps, self.guesses_kept = self.guess_steps + steps, self.guesses_kept + kept
