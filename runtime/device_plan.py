@@ -7,7 +7,8 @@ graph at the acceptance measured so far (the drafter's draft-length governor: de
 position over the drafter's whole life in this decoder, once MIN_REACHED positions were reached), which
 decides, before each generation of strategy="auto", whether the drafter runs and the range of gamma
 (runtime/plan.py): a drafter starts where it beats plain decoding by DRAFTER_MARGIN on paper, and a
-running one stops only below KEEP_MARGIN. Where the plan's steps pad, it also books how often a lookup
+running one stops only below KEEP_MARGIN, both counting the drafter's window fill per token as measured
+in this decoder's generations that ran it. Where the plan's steps pad, it also books how often a lookup
 guess would have been kept on each output (lookup.guess_record), which decides between padded plain
 steps with guesses and unpadded 1-token ones (runtime/plan.py). Where the drafter stopped paying, every REPROBE_EVERY-th
 generation still runs it, so that its acceptance on the prompts this app sends keeps being measured (one
@@ -74,6 +75,7 @@ class DevicePlanning:
         self.live_ms: deque[tuple[int, float]] = deque(maxlen=LIVE_KEPT)    # (width, ms) of the latest forwards
         self.remeasured = False
         self.guess_steps = self.guesses_kept = 0    # lookup guesses on this decoder's outputs (lookup_share)
+        self.fill_ms, self.drafted_tokens = 0.0, 0   # the drafter's window fills, and the tokens of their generations
 
     def acceptance(self) -> float | None:
         """The drafter's per-position acceptance over its life in this decoder, None before MIN_REACHED positions."""
@@ -87,13 +89,18 @@ class DevicePlanning:
         outputs (lookup.guess_record), None before MIN_GUESSES steps."""
         return self.guesses_kept / self.guess_steps if self.guess_steps >= MIN_GUESSES else None
 
+    def fill_per_token(self) -> float:
+        """The drafter's window fill per token committed, over this decoder's generations that ran it."""
+        return self.fill_ms / self.drafted_tokens if self.drafted_tokens else 0.0
+
     def current(self):
         """The plan for the next generation (module docstring)."""
         if self.profile is None:
             return self.plan
         graph, alpha = self.plan.step_graph, self.acceptance()
         margin = KEEP_MARGIN if self.drafter_running else DRAFTER_MARGIN
-        plan = make_plan(self.profile, alpha, graph=graph, margin=margin, lookup_kept=self.lookup_share())
+        kept, fill = self.lookup_share(), self.fill_per_token()
+        plan = make_plan(self.profile, alpha, graph=graph, margin=margin, lookup_kept=kept, fill_ms=fill)
         self.drafter_running = plan.drafter
         if plan.drafter or alpha is None:
             self.generations_without = 0
@@ -101,7 +108,7 @@ class DevicePlanning:
         self.generations_without += 1
         if self.generations_without <= REPROBE_EVERY:
             return plan
-        prior = make_plan(self.profile, None, graph=graph, lookup_kept=self.lookup_share())
+        prior = make_plan(self.profile, None, graph=graph, lookup_kept=kept, fill_ms=fill)
         if not prior.drafter:
             return plan
         self.generations_without = 0
@@ -114,6 +121,9 @@ class DevicePlanning:
         on its output; where this machine has no profile yet, or its profile is stale (module
         docstring), start measuring it."""
         self.drafter_governor = dec.setup.drafter_governor() or self.drafter_governor
+        if stats.draft_forwards:
+            self.fill_ms += stats.draft_prefill_ms
+            self.drafted_tokens += max(stats.new_tokens - stats.prefill_tokens, 1)
         unpadded = dec.config.plain_steps == "fast" and self.plan.step_tokens >= 2    # not the profile's widths
         for k, ms in stats.verify_ms_by_k.items():
             self.live_ms.extend((k, m) for m in ms if k > 1 or not unpadded)

@@ -9,7 +9,11 @@
   drafter's step and alpha the acceptance per draft position (the running one, else PRIOR_ACCEPTANCE),
 
       tau(gamma)  = (1 - alpha^(gamma+1)) / (1 - alpha)        expected tokens per round
-      rate(gamma) = tau(gamma) / (gamma * d + c(gamma + 1))     tokens per ms;   rate(0) = 1 / step
+      rate(gamma) = 1 / ((gamma * d + c(gamma + 1)) / tau(gamma) + f)     tokens per ms;   rate(0) = 1 / step
+
+  with f the drafter's window fill per committed token, as measured in this decoder's generations with
+  the drafter (runtime/device_plan.py; 0 before any: on the AVX2 EPYC, 2026-11-27, the whole-prompt fill
+  was 14% of a 64-token answer, and the formula said 1.29x where 1.10x was measured).
 
   The drafter starts only where the best speculative rate beats the best exact plain rate by DRAFTER_MARGIN
   (what the formula leaves out: the drafter's window fill and catch-up, sampling, the round's
@@ -101,14 +105,16 @@ def tau(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def round_rate(cost: list[float], drafter_ms: float, alpha: float, gamma: int) -> float:
-    """Expected tokens per second of a round of `gamma` drafts (the module docstring's rate(gamma))."""
-    return 1000.0 * tau(alpha, gamma) / (gamma * drafter_ms + cost[gamma])
+def round_rate(cost: list[float], drafter_ms: float, alpha: float, gamma: int, fill_ms: float = 0.0) -> float:
+    """Expected tokens per second of rounds of `gamma` drafts (the module docstring's rate(gamma)), with
+    `fill_ms` of the drafter's window fill per token."""
+    return 1000.0 / ((gamma * drafter_ms + cost[gamma]) / tau(alpha, gamma) + fill_ms)
 
 
 def gamma_range(cost: list[float], drafter_ms: float, alpha: float, max_gamma: int = MAX_GAMMA) -> int:
     """The longest draft whose rate on paper is within GAMMA_SLACK of the best, at acceptance alpha: the
-    governor (runtime/governor.py) chooses inside 1..this per round. The caller passes at least the prior:
+    governor (runtime/governor.py) chooses inside 1..this per round (the fill does not depend on gamma,
+    so it is left out here). The caller passes at least the prior:
     the lifetime acceptance averages prompts whose drafts are accepted far more often than others (on the
     Xeon's calib split, a cap of 1 from the average 0.5 held reasoning and math at 1.11-1.17x `ar`, where
     gamma up to 3 gave them 1.24-1.27x)."""
@@ -136,12 +142,13 @@ def _step(g) -> tuple[int, float] | None:
 
 
 def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAMMA, graph: str | None = None,
-              margin: float = DRAFTER_MARGIN, lookup_kept: float | None = None) -> Plan:
+              margin: float = DRAFTER_MARGIN, lookup_kept: float | None = None, fill_ms: float = 0.0) -> Plan:
     """The plan for `profile` (a device_profile.DeviceProfile, or anything with `.graphs` and
     `.drafter_step_ms`) at per-position acceptance `acceptance` (None: PRIOR_ACCEPTANCE). `graph`: only
     that graph variant may run the steps (a decoder whose target session exists re-plans on it).
     `margin`: what the drafter must beat plain decoding by on paper (KEEP_MARGIN for one that runs).
-    `lookup_kept`: the share of padded plain steps whose lookup guess is kept (None: LOOKUP_PRIOR)."""
+    `lookup_kept`: the share of padded plain steps whose lookup guess is kept (None: LOOKUP_PRIOR).
+    `fill_ms`: the drafter's window fill per committed token (f in the module docstring)."""
     alpha = PRIOR_ACCEPTANCE if acceptance is None else min(max(float(acceptance), 0.0), 1.0)
     kept = LOOKUP_PRIOR if lookup_kept is None else min(max(float(lookup_kept), 0.0), 1.0)
     reasons: list[str] = []
@@ -175,7 +182,7 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
         for name in steps:
             cost = profile.graphs[name].cost_ms
             for gamma in range(1, min(max_gamma, len(cost) - 1) + 1):
-                spec[(name, gamma)] = round_rate(cost, d, alpha, gamma)
+                spec[(name, gamma)] = round_rate(cost, d, alpha, gamma, fill_ms)
         rates.update(spec)
     best_plain = max(plain, key=plain.get)
     best_spec = max(spec, key=spec.get) if spec else None
@@ -192,7 +199,8 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
         gain = spec[best_spec] / plain[best_plain]
         reasons.append(f"best speculative round at acceptance {alpha:.2f}: {GRAPH_WORDS[best_spec[0]]} gamma "
                        f"{best_spec[1]}, {fmt(best_spec)} ({gain:.2f}x plain; the drafter starts from "
-                       f"{DRAFTER_MARGIN:.2f}x and runs down to {KEEP_MARGIN:.2f}x; drafter step {d:.1f} ms)")
+                       f"{DRAFTER_MARGIN:.2f}x and runs down to {KEEP_MARGIN:.2f}x; drafter step {d:.1f} ms, its fill "
+                       f"{fill_ms:.1f} ms a token)")
     if best_spec is not None and spec[best_spec] >= margin * plain[best_plain]:
         graph = best_spec[0]
         gamma_max = gamma_range(profile.graphs[graph].cost_ms, d, max(alpha, PRIOR_ACCEPTANCE), max_gamma)

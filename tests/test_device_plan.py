@@ -228,6 +228,25 @@ def test_the_gamma_range_is_never_narrower_than_at_the_prior():
     assert make_plan(p, acceptance=0.95).gamma_max >= low.gamma_max
 
 
+def test_the_drafters_fill_counts_against_it():
+    """The fill per token (measured in the decoder's drafter generations) is part of a round's cost: on the
+    EPYC-like profile a running drafter at acceptance 0.6 keeps running without it (1.05x unpadded steps
+    on paper) and stops at 7 ms a token (0.98x); on the Xeon's idle profile (its fill 1.6 ms a token,
+    2026-11-27) one at the calib split's lifetime acceptance 0.5 keeps running (1.04x)."""
+    from edgespec.runtime.device_plan import DevicePlanning
+    from edgespec.runtime.plan import KEEP_MARGIN, round_rate
+    p = epyc_like()
+    assert make_plan(p, acceptance=0.6, margin=KEEP_MARGIN).drafter
+    assert not make_plan(p, acceptance=0.6, margin=KEEP_MARGIN, fill_ms=7.0).drafter
+    assert round_rate([10.0, 20.0], 5.0, 0.5, 1, fill_ms=2.0) == pytest.approx(1000 / (25 / 1.5 + 2))
+    xeon = profile({"padded_attention": exact([55.8, 65.5, 81.4, 88.4, 102.9, 113.4, 129.0, 140.2, 148.8])}, 12.7)
+    assert make_plan(xeon, acceptance=0.5, margin=KEEP_MARGIN, fill_ms=1.6).drafter
+    planning = DevicePlanning(None, 2, "cpu", p, make_plan(p))
+    assert planning.fill_per_token() == 0.0
+    planning.fill_ms, planning.drafted_tokens = 700.0, 100
+    assert planning.fill_per_token() == 7.0
+
+
 def test_the_lookup_guess_record_of_an_output():
     """By hand: after the prefill's token 9, no match (a step); "1" -> "2" kept (two tokens); "1 2 3" -> "4",
     but 7 came (a step). Every output token after the first is committed by exactly one step."""

@@ -125,6 +125,8 @@ def test_a_plan_on_padded_model_steps_where_the_padded_graph_is_inexact(bundle, 
         plain = res.stats.strategy == "ar"                    # then unpadded 1-token steps: ar-fast
         want = (ar_fast if plain else ar).generate(prompt, max_new_tokens=30).token_ids
         assert res.token_ids == want and res.stats.strategy in ("ngram-tli", "ngram", "ar")
+        filled = res.stats.draft_prefill_ms if res.stats.draft_forwards else 0.0
+    assert dec.planning.fill_ms >= filled and (dec.planning.drafted_tokens > 0) == (dec.planning.fill_ms > 0)
 
 
 def test_without_the_drafter_unpadded_steps_where_padding_costs_more_than_lookup_saves(bundle, home):
