@@ -311,5 +311,6 @@ def device_plan_summary(bundle, threads: int | None, ep="cpu", progress: bool = 
             print(f"edgespec: device profile measured in {profile.measure_s:.2f} s (once per machine)", file=sys.stderr)
     profile, plan = plan_for(bundle, threads, ep)
     return {"plan": plan.describe(), "step_graph": plan.step_graph, "step_tokens": plan.step_tokens,
-            "drafter": plan.drafter, "gamma_max": plan.gamma_max, "reasons": list(plan.reasons),
+            "drafter": plan.drafter, "gamma_max": plan.gamma_max, "plain_steps": plan.plain_steps,
+            "reasons": list(plan.reasons),
             "profile": None if profile is None else profile.to_json(), "profile_measured_now": measured}
