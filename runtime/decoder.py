@@ -89,9 +89,11 @@ class SpeculativeDecoder:
         step_graph = self.planning.plan.step_graph
         if step_graph == "prefill":
             prefill_graph = False          # the graph itself
-        # alone (no drafter session), the target's threads keep spinning between steps (sessions.py)
+        # alone (no drafter session), the target's threads keep spinning between steps (sessions.py); so
+        # do an `auto` decoder's where this machine's plan starts without the drafter
+        beside = uses_drafter and (config.strategy.name != "auto" or self.planning.plan.drafter)
         requests = [dict(model_path=graph_paths(bundle)[step_graph], ep=ep, threads=threads,
-                         allow_fallback=allow_fallback, role="target", stop_spinning=uses_drafter)]
+                         allow_fallback=allow_fallback, role="target", stop_spinning=beside)]
         prefill_request, prefill_now, prefill_from = prefill_graph_request(bundle, prefill_graph, ep, requests[0],
                                                                            defer_drafter)
         if prefill_now:

@@ -16,7 +16,8 @@ while a run lasts. The drafter's stop spinning when its run returns (`session.fo
 with ORT's default (spinning that goes on after the run) on both sessions the idle session's threads
 steal the cores from the other (Qwen-1.5B int4 + 0.5B, 2 threads: `tli` 11.9 tok/s); spinning off
 costs a thread wake-up per node (20.7 tok/s); a forced stop on both gave 24.5 tok/s. A target with
-no drafter session beside it (`ar`, `ngram`, a target-only bundle) keeps ORT's default: its next run
+no drafter session beside it (`ar`, `ngram`, a target-only bundle, `auto` where the device plan starts
+without the drafter) keeps ORT's default: its next run
 (the next plain step) starts on awake threads. Measured 2026-11-26, same box and run, 1-token int4
 1.5B steps: 64.8 ms spinning on, 73.0 ms with the forced stop, 68.5 ms spinning off. With a drafter
 beside it the target stops too: letting it spin slowed the drafter's steps (c_time 0.28 -> 0.48 on the

@@ -88,7 +88,7 @@ def _write(profile) -> None:
     assert dp.save_profile(profile) is not None
 
 
-def test_a_plan_without_the_drafter_never_builds_it_and_equals_ar(bundle, home):
+def test_a_plan_without_the_drafter_never_builds_it_and_equals_ar(bundle, home, monkeypatch):
     """A profile where the drafter costs as much as a target step: the default decodes plainly (prompt
     lookup), never building the drafter's session; its greedy output is ar's."""
     profile, _ = dp.ensure_profile(bundle, threads=1)
@@ -101,6 +101,19 @@ def test_a_plan_without_the_drafter_never_builds_it_and_equals_ar(bundle, home):
     res = dec.generate(PROMPT, max_new_tokens=30)
     assert res.token_ids == want and res.stats.strategy == "ngram"
     assert dec.drafter.pending                              # never built
+    # alone, the target's threads keep spinning between steps, as `ar`'s do (runtime/sessions.py)
+    assert _spin_stops(monkeypatch, bundle) is False and _spin_stops(monkeypatch, bundle, "tli") is True
+
+
+def _spin_stops(monkeypatch, bundle, strategy="auto") -> bool:
+    """Whether a new decoder's target session stops its threads spinning after each run."""
+    from edgespec.runtime import decoder as decoder_module
+    made, real = [], decoder_module.create_sessions
+    monkeypatch.setattr(decoder_module, "create_sessions", lambda requests, **kw: made.extend(requests) or
+                        real(requests, **kw))
+    SpeculativeDecoder(bundle, strategy, threads=1)
+    monkeypatch.setattr(decoder_module, "create_sessions", real)
+    return next(r["stop_spinning"] for r in made if r["role"] == "target")
 
 
 def test_a_plan_on_padded_model_steps_where_the_padded_graph_is_inexact(bundle, home):
