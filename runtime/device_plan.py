@@ -48,6 +48,7 @@ STALE_RATIO = 0.7        # live forwards this much faster than the profile says:
 LIVE_SAMPLES = 24        # live forwards before they are compared with the profile
 LIVE_KEPT = 256          # the latest live forwards kept
 MIN_GUESSES = 64         # simulated lookup guesses before their kept share replaces the plan's prior
+MIN_FILL_TOKENS = 256    # tokens of drafter generations before their window fill counts in the plan
 _RUNNING: list[threading.Thread] = []
 
 
@@ -90,8 +91,9 @@ class DevicePlanning:
         return self.guesses_kept / self.guess_steps if self.guess_steps >= MIN_GUESSES else None
 
     def fill_per_token(self) -> float:
-        """The drafter's window fill per token committed, over this decoder's generations that ran it."""
-        return self.fill_ms / self.drafted_tokens if self.drafted_tokens else 0.0
+        """The drafter's window fill per token committed, over this decoder's generations that ran it; 0
+        before MIN_FILL_TOKENS tokens (a benchmark's 8-token warm-up alone said 18 ms a token)."""
+        return self.fill_ms / self.drafted_tokens if self.drafted_tokens >= MIN_FILL_TOKENS else 0.0
 
     def current(self):
         """The plan for the next generation (module docstring)."""
@@ -102,7 +104,7 @@ class DevicePlanning:
         kept, fill = self.lookup_share(), self.fill_per_token()
         plan = make_plan(self.profile, alpha, graph=graph, margin=margin, lookup_kept=kept, fill_ms=fill)
         self.drafter_running = plan.drafter
-        if plan.drafter or alpha is None:
+        if plan.drafter:
             self.generations_without = 0
             return plan
         self.generations_without += 1

@@ -243,7 +243,9 @@ def test_the_drafters_fill_counts_against_it():
     assert make_plan(xeon, acceptance=0.5, margin=KEEP_MARGIN, fill_ms=1.6).drafter
     planning = DevicePlanning(None, 2, "cpu", p, make_plan(p))
     assert planning.fill_per_token() == 0.0
-    planning.fill_ms, planning.drafted_tokens = 700.0, 100
+    planning.fill_ms, planning.drafted_tokens = 140.0, 8             # one short generation does not decide
+    assert planning.fill_per_token() == 0.0
+    planning.fill_ms, planning.drafted_tokens = 2800.0, 400
     assert planning.fill_per_token() == 7.0
 
 
@@ -261,3 +263,23 @@ def test_the_lookup_guess_record_of_an_output():
         steps, kept = guess_record(prompt, out)
         assert 0 < kept < steps and steps + kept == len(out) - 1
     assert guess_record(prompt, out, limit=10)[0] + guess_record(prompt, out, limit=10)[1] == 10
+
+
+def test_a_short_first_generation_does_not_stop_the_drafter():
+    """A benchmark's warm-up (8 tokens, a 140 ms window fill: 18 ms a token) once switched the drafter off
+    for a decoder's life; the fill counts only over MIN_FILL_TOKENS tokens of drafter generations."""
+    from types import SimpleNamespace
+
+    from edgespec.runtime.device_plan import MIN_FILL_TOKENS, DevicePlanning
+    from edgespec.runtime.stats import GenerationStats
+    p = profile({"padded_attention": exact([55.8, 65.5, 81.4, 88.4, 102.9, 113.4, 129.0, 140.2, 148.8])}, 12.7)
+    planning = DevicePlanning(None, 2, "cpu", p, make_plan(p), measure=False)
+    dec = SimpleNamespace(setup=SimpleNamespace(drafter_governor=lambda: None),
+                          config=SimpleNamespace(plain_steps="exact"))
+    short = GenerationStats(new_tokens=9, prefill_tokens=1, draft_forwards=5, draft_prefill_ms=140.0)
+    planning.after_generation(dec, short)
+    assert planning.drafted_tokens == 8 and planning.current().drafter
+    long = GenerationStats(new_tokens=MIN_FILL_TOKENS + 1, prefill_tokens=1, draft_forwards=90,
+                           draft_prefill_ms=140.0 * 40)
+    planning.after_generation(dec, long)
+    assert planning.fill_per_token() > 18 and not planning.current().drafter
