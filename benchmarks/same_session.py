@@ -20,10 +20,9 @@ from edgespec.runtime import SpeculativeDecoder
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", required=True)
-    ap.add_argument("--prompts", default="benchmarks/heldout13.jsonl")
-    ap.add_argument("--split", default="test")
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=2)
+    for flag, default in (("--prompts", "benchmarks/heldout13.jsonl"), ("--split", "test"),
+                          ("--max-new-tokens", 96), ("--threads", 2)):
+        ap.add_argument(flag, default=default, type=type(default))
     args = ap.parse_args()
     prompts = load_prompts(args.prompts, args.split)
     auto = SpeculativeDecoder(args.bundle, threads=args.threads, options={"prefix_reuse": False})
