@@ -10,16 +10,17 @@ decides, before each generation of strategy="auto", whether the drafter runs and
 running one stops only below KEEP_MARGIN, both counting the drafter's window fill per token as measured
 in this decoder's generations that ran it. Where the plan's steps pad, it also books how often a lookup
 guess would have been kept on each output (lookup.guess_record), which decides between padded plain
-steps with guesses and unpadded 1-token ones (runtime/plan.py). Where the drafter stopped paying, every REPROBE_EVERY-th
-generation still runs it, so that its acceptance on the prompts this app sends keeps being measured (one
-prompt's acceptance decided for good until 2026-11-27, and on the held-out set it switched a paying
-drafter off: 1.05x against 1.09x `ar-fast`).
+steps with guesses and unpadded 1-token ones (runtime/plan.py). Where the drafter stopped paying, every
+REPROBE_EVERY-th generation still runs it, so that its acceptance on the prompts this app sends keeps
+being measured (one prompt's acceptance decided for good until 2026-11-27, and on the held-out set it
+switched a paying drafter off: 1.05x against 1.09x `ar-fast`).
 
 Without a cached profile ($EDGESPEC_DEVICE_PROFILE=auto, the CPU EP, a decoder made with strategy "auto",
-the one the plan is for) the profile is measured once, after the decoder's first generation ends, on a thread that holds the decoder's lock (a call that comes
-meanwhile waits for it): never in a first token's time. Its sessions are the decoder's where it has them
-(the step graph's, a built drafter's); the process waits for it at exit, so it is measured once per
-machine. It plans the next generations of this decoder (drafter and gamma; the graph at the next load).
+the one the plan is for) the profile is measured once, after the decoder's first generation ends, on a
+thread that holds the decoder's lock (a call that comes meanwhile waits for it): never in a first
+token's time. Its sessions are the decoder's where it has them (the step graph's, a built drafter's);
+the process waits for it at exit, so it is measured once per machine. It plans the next generations of
+this decoder (drafter and gamma; the graph at the next load).
 
 A cached profile is checked against the forwards the decoder times as it runs: where they take STALE_RATIO
 of the profile's cost of the same width or less (the median over LIVE_SAMPLES or more forwards), the

@@ -31,6 +31,6 @@ def guess_record(prompt_ids, output_ids, max_n: int = DEFAULT_MAX_N, limit: int 
     i, steps, kept = len(prompt_ids) + 1, 0, 0      # the first output token comes from the prefill
     while i < history.size:
         guess, _ = lookup(history[:i], max_n, 1)
-        hit = bool(guess) and i + 1 < history.size and guess[0] == history[i]
+        hit = int(bool(guess) and i + 1 < history.size and guess[0] == history[i])
         steps, kept, i = steps + 1, kept + hit, i + 1 + hit
     return steps, kept

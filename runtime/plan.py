@@ -185,9 +185,10 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
                 spec[(name, gamma)] = round_rate(cost, d, alpha, gamma, fill_ms)
         rates.update(spec)
     best_plain = max(plain, key=plain.get)
+    plain_steps = "fast" if fast.get(best_plain, 0.0) > padded[best_plain] else "exact"
     best_spec = max(spec, key=spec.get) if spec else None
     fmt = lambda key: f"{rates[key]:.1f} tok/s"      # noqa: E731 - one format for the reasons
-    if fast.get(best_plain, 0.0) > padded[best_plain]:
+    if plain_steps == "fast":
         reasons.append(f"fastest plain decoding: {GRAPH_WORDS[best_plain]} with unpadded 1-token steps, "
                        f"{fmt((best_plain, '1-token'))} (padded steps with lookup guesses kept {kept:.2f} of the "
                        f"time: {fmt((best_plain, 0))})")
@@ -208,7 +209,6 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
         return Plan(graph, tokens, drafter=True, gamma_max=gamma_max, free_guess=tokens >= 2, source="profile",
                     acceptance=alpha, rates=rates, reasons=tuple(reasons))
     tokens = steps[best_plain][0]
-    plain_steps = "fast" if fast.get(best_plain, 0.0) > padded[best_plain] else "exact"
     if d is not None:
         how = "unpadded 1-token steps" if plain_steps == "fast" else "plain decoding with lookup guesses"
         reasons.append(f"the drafter does not pay here: {how}, no drafter")
