@@ -96,7 +96,10 @@ class Generation:
         if completed and self.config.prefix_reuse and self.id == self.shared.generation:
             kv_ids = (kv_ids or self.prompt_ids + self.generated)[:self.target.length]
             if self.config.plain_steps == "fast" and self.target.min_tokens >= 2:
-                kv_ids = kv_ids[:len(self.prompt_ids)]      # unpadded steps: not what a cold prefill computes
+                # unpadded steps wrote the answer's positions, not what a cold prefill computes: the KV is
+                # cropped to the prompt's, which the (wide) prefill computed, so the next call reuses that
+                kv_ids = kv_ids[:len(self.prompt_ids)]
+                self.target.crop(len(kv_ids))
             self.shared.prefix.remember(kv_ids, dc.ids if dc else None, dc.window if dc else None)
 
     # -- phases

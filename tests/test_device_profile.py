@@ -159,6 +159,14 @@ def test_without_the_drafter_unpadded_steps_where_padding_costs_more_than_lookup
         # the KV of unpadded steps is not a cold prefill's: the next call reuses the prompt's positions only
         assert dec.prefix_cache.target_ids == res.prompt_token_ids
         assert res.token_ids == fast.generate(prompt, max_new_tokens=40).token_ids
+    # ... and does reuse them: the same prompt again keeps all but its last token, with a cold call's output
+    cold = dec.variant("ar", plain_steps="fast", prefix_reuse=False).generate(PROMPT, max_new_tokens=40)
+    assert dec.generate(PROMPT, max_new_tokens=40).stats.reused_tokens == 0          # the cold call kept nothing
+    again = dec.generate(PROMPT, max_new_tokens=40)
+    assert again.stats.strategy == "ar" and again.stats.reused_tokens == len(again.prompt_token_ids) - 1
+    assert again.token_ids == cold.token_ids
+    turn = dec.generate(PROMPT + again.text + " and then", max_new_tokens=8)           # a chat's next turn
+    assert turn.stats.reused_tokens >= len(again.prompt_token_ids) - 1
     assert dec.planning.guess_steps >= 70 and dec.drafter.pending                     # outputs booked
     dec.planning.guesses_kept = dec.planning.guess_steps                              # as if all were copied
     assert dec.planning.current().plain_steps == "exact"
