@@ -74,7 +74,7 @@ def write_bundle(root: Path, parts: BundleParts) -> dict:
     t_diff = _check_target(t_check)
 
     updates = parts.transform(root) if parts.transform is not None else None
-    padded_diff = padded_attention.write_and_check(root / "target")
+    padded_diff = padded_attention.write_and_check(root / "target", parts.progress)
     prefill_diff = write_and_check(root / "target", t.info["vocab_size"])
 
     # Graph statistics: from the export cache / the prune step, unless a transform changed the graphs.
@@ -139,7 +139,7 @@ def _write_target_only(root: Path, parts: BundleParts) -> dict:
     t_check = t.graph.meta["check"]
     t_diff = _check_target(t_check)
     updates = parts.transform(root) if parts.transform is not None else None
-    padded_diff = padded_attention.write_and_check(root / "target")
+    padded_diff = padded_attention.write_and_check(root / "target", parts.progress)
     prefill_diff = write_and_check(root / "target", t.info["vocab_size"])
     onnx_path = root / "target" / "model.onnx"
     stats = weight_stats(onnx_path) if parts.transform is not None else \

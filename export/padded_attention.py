@@ -9,12 +9,17 @@ whose 1-query path (its probabilities x V product, M = 1) rounds differently fro
 queries. So only attention needs a second row.
 
 This graph appends a copy of the last row of each GroupQueryAttention's packed QKV input (Slice +
-Concat) and drops the extra output row after it (Slice). Every projection, MLP and the LM head run on
-the real rows only; attention always sees 2+ queries. The graph takes an attention mask one position
-longer and writes one extra KV position, which the runtime never counts (`edgespec.attention_pad_rows`,
-runtime/kv.py) and the next forward overwrites. On the 1.5B its 1-token step gave logits identical to
-the padded 2-token step of model.onnx (max |diff| 0.0) in 62.6 ms, against 64.0 ms for model.onnx's
-1-token step and 72.9 ms for the padded one (/tmp script, 300-token past, median of 30).
+Concat) and drops the extra output row after it (Slice). Where the builder feeds query, key and value
+separately (Gemma-3: its q/k norms sit between the projection and attention), each of the three gets the
+copy, so that the query and the new keys stay the same length, as GroupQueryAttention requires with a
+past (padding the query alone failed the gemma3-270m export: "sequence_length=17, kv_sequence_length=16").
+A sliding window (Gemma-3's local layers) is unaffected: the copy comes after every real row. Every
+projection, MLP and the LM head run on the real rows only; attention always sees 2+ queries. The graph
+takes an attention mask one position longer and writes one extra KV position, which the runtime never
+counts (`edgespec.attention_pad_rows`, runtime/kv.py) and the next forward overwrites. On the 1.5B
+its 1-token step gave logits identical to the padded 2-token step of model.onnx (max |diff| 0.0) in
+62.6 ms, against 64.0 ms for model.onnx's 1-token step and 72.9 ms for the padded one (/tmp script,
+300-token past, median of 30).
 
 Written beside model.onnx as `padded_attention.onnx` (a few hundred KB, the same `model.onnx.data`)
 for every CPU graph (float32 logits) with GroupQueryAttention: whether its 1-token steps are exact is a property of the CPU
@@ -38,8 +43,9 @@ PAD_ROWS = 1
 
 
 def pad_attention(model) -> int:
-    """Edit an onnx.ModelProto in place: each GroupQueryAttention gets its last query row twice and
-    returns its real rows only. Returns the number of attention nodes edited."""
+    """Edit an onnx.ModelProto in place: each GroupQueryAttention gets its last row of packed QKV (or of
+    query, key and value, where they come apart) twice and returns its real rows only. Returns the
+    number of attention nodes edited."""
     from onnx import TensorProto, helper
 
     g = model.graph
@@ -52,12 +58,17 @@ def pad_attention(model) -> int:
         if node.op_type != "GroupQueryAttention":
             nodes.append(node)
             continue
-        qkv, out, name = node.input[0], node.output[0], node.name or f"gqa{edited}"
-        nodes.append(helper.make_node("Slice", [qkv, c["last"], c["end"], c["axis"]], [f"{name}/pad_row"],
-                                      name=f"{name}/pad_slice"))
-        nodes.append(helper.make_node("Concat", [qkv, f"{name}/pad_row"], [f"{name}/padded_qkv"], axis=1,
-                                      name=f"{name}/pad_concat"))
-        node.input[0], node.output[0] = f"{name}/padded_qkv", f"{name}/padded_out"
+        out, name = node.output[0], node.name or f"gqa{edited}"
+        for j, part in enumerate(("qkv", "key", "value")):    # packed QKV, or query, key and value apart
+            if j >= len(node.input) or not node.input[j]:
+                continue
+            x = node.input[j]
+            nodes.append(helper.make_node("Slice", [x, c["last"], c["end"], c["axis"]], [f"{name}/pad_row_{part}"],
+                                          name=f"{name}/pad_slice_{part}"))
+            nodes.append(helper.make_node("Concat", [x, f"{name}/pad_row_{part}"], [f"{name}/padded_{part}"],
+                                          axis=1, name=f"{name}/pad_concat_{part}"))
+            node.input[j] = f"{name}/padded_{part}"
+        node.output[0] = f"{name}/padded_out"
         nodes.append(node)
         nodes.append(helper.make_node("Slice", [f"{name}/padded_out", c["zero"], c["last"], c["axis"]], [out],
                                       name=f"{name}/unpad"))
@@ -116,15 +127,37 @@ def check_padded_graph(target_dir: Path, ids: np.ndarray, prefix: int = 16) -> f
 CHECK_TOKENS = 28           # 16 prefilled + 12 compared at each width
 
 
-def write_and_check(target_dir: Path) -> float | None:
+def write_and_check(target_dir: Path, progress: bool = True) -> float | None:
     """write_padded_graph, then check_padded_graph on held-out text in the target's tokens. The graph
     stays whatever the check says: the difference is this machine's, recorded in the manifest (runtime
     machines measure their own: runtime/device_profile.py). Returns the max |diff|, None where no graph
-    was written."""
+    was written. A graph the export cannot build, run or compare (an attention layout the rewrite gets
+    wrong, say) is removed and skipped with one progress line naming why, never a traceback: the bundle
+    is then one without the variant, and the runtime steps model.onnx (padded where the export asked).
+    OSError (a full disk) is not skipped: bundle_writer says what to do about it."""
+    from edgespec.export.progress import log
     from edgespec.export.quality import held_out_ids
 
-    path = write_padded_graph(target_dir)
-    if path is None:
+    try:
+        path = write_padded_graph(target_dir)
+        if path is None:
+            return None
+        ids = np.concatenate(held_out_ids(Path(target_dir) / "tokenizer.json", n_tokens=64, segment=64))[:CHECK_TOKENS]
+        diff = check_padded_graph(target_dir, ids)
+        if not np.isfinite(diff):
+            raise ValueError(f"its logits differ by {diff} from padded model.onnx steps")
+        return diff
+    except OSError:
+        raise
+    except Exception as exc:  # ORT raises its own types for a graph it cannot load or run
+        gc.collect()          # the failed sessions, before their graph is removed
+        (Path(target_dir) / PADDED_GRAPH).unlink(missing_ok=True)
+        log(progress, skip_message(exc))
         return None
-    ids = np.concatenate(held_out_ids(Path(target_dir) / "tokenizer.json", n_tokens=64, segment=64))[:CHECK_TOKENS]
-    return check_padded_graph(target_dir, ids)
+
+
+def skip_message(exc: BaseException) -> str:
+    """The one line an export prints where it leaves the padded-attention graph out."""
+    why = " ".join(f"{type(exc).__name__}: {exc}".split())[:240]
+    return (f"no {PADDED_GRAPH} in this bundle (the runtime steps model.onnx): the export could not build "
+            f"or check it ({why})")

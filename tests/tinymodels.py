@@ -12,8 +12,9 @@ Tokenizers (trained on a fixed few-KB text: English prose + Python code + some n
 - "spiece": SentencePiece-style BPE (Metaspace ▁, byte_fallback <0x00>..<0xFF>), vocab ~500,
   specials <unk> <s> </s> <pad> <start_of_turn> <end_of_turn>, Gemma-like template, adds <s> (BOS).
 
-Models: LlamaForCausalLM, hidden 64, 2 layers, 4 heads, 2 KV heads, max_position 512. The model
-vocabulary is the tokenizer's rounded up to a multiple of 16 (like Qwen's padded embedding).
+Models: LlamaForCausalLM (or a qwen2 / gemma3 twin: tiny_config), hidden 64, 2 layers, 4 heads,
+2 KV heads, max_position 512. The model vocabulary is the tokenizer's rounded up to a multiple of 16
+(like Qwen's padded embedding).
 """
 from __future__ import annotations
 
@@ -162,24 +163,51 @@ def _special_ids(tok, kind: str) -> dict:
             "pad": tok.token_to_id("<pad>")}
 
 
+# the recipes' architectures (models/*.toml `arch`) and their transformers classes
+MODEL_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+ARCHS = tuple(MODEL_CLASSES)
+
+
+def tiny_config(arch: str, vocab: int, hidden: int, layers: int, tie: bool, ids: dict):
+    """A tiny HF config of `arch` with the attention layout of its recipe's model: llama (SmolLM2), qwen2
+    (Qwen2.5-Coder: biased QKV projections) or gemma3 (Gemma-3: q/k norms, so the builder feeds query, key
+    and value to attention apart, and sliding-window layers with every 6th global, window 8)."""
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=MAX_POS,
+                  tie_word_embeddings=tie, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+                  pad_token_id=ids["pad"], initializer_range=INIT_RANGE)
+    if arch == "llama":
+        return LlamaConfig(**common, rope_theta=10000.0)
+    if arch == "qwen2":
+        return Qwen2Config(**common, rope_theta=1e6)
+    if arch == "gemma3":
+        head_dim = hidden // HEADS
+        return Gemma3TextConfig(**common, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=8,
+                                layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                             for i in range(layers)],
+                                rope_theta=1e6, rope_local_base_freq=1e4)
+    raise ValueError(f"no tiny twin for architecture {arch!r}; have {', '.join(ARCHS)}")
+
+
 def build_tiny_model(out_dir: str | Path, tok, kind: str, seed: int = SEED, tie: bool = False,
-                     layers: int = LAYERS, hidden: int = HIDDEN) -> Path:
-    """Save a random LlamaForCausalLM + the tokenizer as an HF directory (skips if already there)."""
+                     layers: int = LAYERS, hidden: int = HIDDEN, arch: str = "llama") -> Path:
+    """Save a random causal LM of `arch` (tiny_config) + the tokenizer as an HF directory (skips if
+    already there)."""
     out_dir = Path(out_dir)
     if (out_dir / "config.json").is_file() and (out_dir / "tokenizer.json").is_file():
         return out_dir
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    import transformers
+    from transformers import GenerationConfig
 
     ids = _special_ids(tok, kind)
     n = tok.get_vocab_size(with_added_tokens=True)
     vocab = -(-n // 16) * 16
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=MAX_POS,
-                      tie_word_embeddings=tie, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
-                      pad_token_id=ids["pad"], initializer_range=INIT_RANGE, rope_theta=10000.0)
+    cfg = tiny_config(arch, vocab, hidden, layers, tie, ids)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).eval()
+    model = getattr(transformers, MODEL_CLASSES[arch])(cfg).eval()
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     model.save_pretrained(str(tmp))
     GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"]).save_pretrained(str(tmp))
