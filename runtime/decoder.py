@@ -92,7 +92,11 @@ class SpeculativeDecoder:
         # alone (no drafter session), the target's threads keep spinning between steps (sessions.py); so
         # do an `auto` decoder's where this machine's plan starts without the drafter
         beside = uses_drafter and (config.strategy.name != "auto" or self.planning.plan.drafter)
-        requests = [dict(model_path=graph_paths(bundle)[step_graph], ep=ep, threads=threads,
+        # threads=None: the counts this machine's thread scaling chose (device_profile), else every core
+        target_threads = threads if threads is not None else self.planning.plan.threads
+        if draft_threads is None:
+            draft_threads = threads if threads is not None else self.planning.plan.draft_threads
+        requests = [dict(model_path=graph_paths(bundle)[step_graph], ep=ep, threads=target_threads,
                          allow_fallback=allow_fallback, role="target", stop_spinning=beside)]
         prefill_request, prefill_now, prefill_from = prefill_graph_request(bundle, prefill_graph, ep, requests[0],
                                                                            defer_drafter)
@@ -101,7 +105,7 @@ class SpeculativeDecoder:
         drafter_request = None
         if uses_drafter:
             drafter_request = dict(model_path=bundle.drafter.onnx, ep=ep if draft_ep is None else draft_ep,
-                                   threads=threads if draft_threads is None else draft_threads,
+                                   threads=draft_threads,
                                    allow_fallback=allow_fallback, role="drafter")
         # The drafter's session waits for its first forward (kv.DeferredRunner) on the CPU EP; other EPs
         # build it now, so that an EP that fails to load says so here. Built now, a pair's two sessions

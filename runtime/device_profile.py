@@ -15,11 +15,16 @@ the int4 Qwen2.5-Coder 1.5B's padded-attention graph is exact on a 2-core AVX-51
   padded-attention graph first (the runtime's graph); model.onnx where that one is not exact here; the
   prefill graph where no graph has exact 1-token steps, and only as far as its first 1-token forwards
   when those are already slower than the padded step it would replace;
-- the drafter's 1-token step (`drafter_step_ms`).
+- the drafter's 1-token step (`drafter_step_ms`);
+- with `threads=None`, how a 1-token target step and a drafter step scale with intra-op threads
+  (`thread_scaling`): 1, 2, 4, ... up to the allowed physical cores (sessions.allowed_cores), stopping
+  once a count is not SCALING_GAIN faster than the best before it; each side runs at its fastest count,
+  and the rest of the profile is measured at the target's.
 
 `ensure_profile` reads the profile from <edgespec cache>/profiles/, or measures and writes it there.
 Its key holds the bundle's graph digests (the manifest's sha256 of each target graph and the drafter's),
-ONNX Runtime's version, the CPU signature (runtime/verdicts.py) and the thread count, and is both the
+ONNX Runtime's version, the CPU signature (runtime/verdicts.py), the thread setting ("auto" or a pinned
+count) and the allowed cores, and is both the
 file's name and part of its content: a profile of another bundle, ORT, CPU or thread count is never
 read, and a damaged one is measured again, saying so in one line. runtime/plan.py turns a profile into
 a plan; `edgespec doctor` prints both.
@@ -42,9 +47,11 @@ from edgespec.runtime.verdicts import cpu_signature
 VERSION = 1
 PREFIX = 16            # prefilled positions before the probe
 TAIL = 9               # probed forwards of k = 1..TAIL tokens (the verify widths of gamma <= 8)
-DRAFTER_STEPS = 6
+DRAFTER_STEPS = 6      # the drafter's 1-token steps timed (the first is not counted)
 SWEEPS = 2             # samples of each k-token forward up to RESAMPLED tokens (one beyond: the plan's
 RESAMPLED = 5          # gamma choices turn on the short ones)
+SCALING_STEPS = 5      # 1-token steps timed at each thread count (the first is not counted)
+SCALING_GAIN = 0.03    # a thread count must be this much faster than the best fewer threads gave
 GRAPHS = ("padded_attention", "model", "prefill")     # measuring order
 # the prompt the probe feeds (a code-and-prose mix, tokenized by the target's tokenizer)
 PROBE_TEXT = ("def merge(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n    out = []\n"
@@ -79,6 +86,12 @@ class DeviceProfile:
     drafter_step_ms: float | None
     measure_s: float
     measured_utc: str
+    # threads=None: {"target": {threads: ms}, "drafter": {...}, "target_threads": n, "drafter_threads": m}
+    thread_scaling: dict | None = None
+
+    def chosen_threads(self, side: str) -> int | None:
+        """The thread count the scaling chose for "target" or "drafter" (None: not measured)."""
+        return (self.thread_scaling or {}).get(f"{side}_threads")
 
     def to_json(self) -> dict:
         return {"version": VERSION, **asdict(self)}
@@ -94,8 +107,14 @@ class DeviceProfile:
         step = data["drafter_step_ms"]
         if step is not None and not (isinstance(step, (int, float)) and step > 0):
             raise ValueError("bad drafter_step_ms")
+        scaling = data.get("thread_scaling")
+        if scaling is not None:
+            scaling = {side: {int(t): float(ms) for t, ms in scaling[side].items()} if side in ("target", "drafter")
+                       else int(scaling[side]) for side in scaling}
+            if any(v < 1 for k, v in scaling.items() if k.endswith("_threads")):
+                raise ValueError("bad thread_scaling")
         return cls(key=dict(data["key"]), graphs=graphs, drafter_step_ms=step, measure_s=float(data["measure_s"]),
-                   measured_utc=str(data["measured_utc"]))
+                   measured_utc=str(data["measured_utc"]), thread_scaling=scaling)
 
 
 def profile_mode() -> str:
@@ -121,10 +140,11 @@ def graph_paths(bundle) -> dict[str, Path]:
 
 
 def profile_key(bundle, threads: int | None) -> dict:
-    """What a profile is valid for: these graphs (their manifest digests), this ORT, CPU and thread count."""
+    """What a profile is valid for: these graphs (their manifest digests), this ORT, CPU, thread setting and
+    core count (a profile of `threads=None` chose its thread counts for this many cores)."""
     import onnxruntime as ort  # lazy, as everywhere in the runtime
 
-    from edgespec.runtime.sessions import default_threads
+    from edgespec.runtime.sessions import allowed_cores
 
     files = bundle.manifest.get("files") or {}
     paths = dict(graph_paths(bundle))
@@ -135,7 +155,7 @@ def profile_key(bundle, threads: int | None) -> dict:
         rel = Path(path).relative_to(bundle.path).as_posix()
         digests[name] = (files.get(rel) or {}).get("sha256") or "?"
     return {"graphs": digests, "ort": ort.__version__, "cpu": cpu_signature(),
-            "threads": default_threads() if threads is None else int(threads)}
+            "threads": "auto" if threads is None else int(threads), "cores": allowed_cores()}
 
 
 def profile_path(key: dict) -> Path:
@@ -217,36 +237,76 @@ def probe_graph(runner, ids: list[int], slower_than_ms: float | None = None) -> 
                         note="" if repeats else "a forward repeated on the same input gave other logits here")
 
 
-def probe_drafter(runner, ids: list[int]) -> float:
-    """Median ms of the drafter's 1-token steps after a short prefill (its own runner; left empty)."""
+def thread_counts(cores: int) -> list[int]:
+    """The thread counts the scaling tries: 1, 2, 4, ... below `cores`, then `cores`."""
+    counts, t = [], 1
+    while t < cores:
+        counts.append(t)
+        t *= 2
+    return counts + [cores]
+
+
+def probe_step(runner, ids: list[int], steps: int = SCALING_STEPS) -> float:
+    """The fastest of `steps` - 1 1-token forwards after a PREFIX-token prefill (the runner left empty)."""
     runner.reset()
-    runner.forward(ids[:PREFIX], last=1)
+    runner.forward(ids[:PREFIX], last=1, pad=False)
     ms = []
-    for i in range(DRAFTER_STEPS):
-        runner.forward([ids[PREFIX + i]], last=1)
+    for i in range(PREFIX, PREFIX + steps):
+        runner.forward(ids[i:i + 1], last=1, pad=False)
         ms.append(runner.last_ms)
     runner.reset()
     return round(float(min(ms[1:])), 3)
 
 
+def scale_threads(step_ms_at, cores: int) -> tuple[dict[int, float], int]:
+    """({threads: ms of a step}, the fastest count): counts from thread_counts, stopping at the first that is
+    not SCALING_GAIN faster than the best fewer threads gave (more threads than pay only contend)."""
+    ms: dict[int, float] = {}
+    best = None
+    for t in thread_counts(cores):
+        ms[t] = step_ms_at(t)
+        if best is not None and ms[t] > ms[best] * (1.0 - SCALING_GAIN):
+            break
+        best = t
+    return ms, best
+
+
 def measure_profile(bundle, threads: int | None, sessions: dict | None = None, drafter_session=None) -> DeviceProfile:
     """Measure this machine's profile of `bundle` (module docstring). `sessions`: {graph path: ORT session}
-    already built (the decoder's), reused; other graphs get a session of their own, freed after."""
+    already built (the decoder's), reused where their thread count is the one measured; other graphs and
+    counts get sessions of their own, freed after."""
     from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.sessions import allowed_cores, create_session, resolve_threads
 
     t0 = time.perf_counter()
-    sessions = {Path(p): s for p, s in (sessions or {}).items()}
+    built = {(Path(p), _threads_of(s)): s for p, s in (sessions or {}).items()}
+    if drafter_session is not None and bundle.drafter is not None:
+        built[(Path(bundle.drafter.onnx), _threads_of(drafter_session))] = drafter_session
     ids = probe_ids(bundle, PREFIX + TAIL)
     paths = graph_paths(bundle)
-    graphs: dict[str, GraphProfile] = {}
+    dids = None
+    if bundle.drafter is not None:
+        dids = bundle.drafter.tokenizer.encode(PROBE_TEXT, add_special_tokens=False).ids or [1]
+        dids = (dids * (PREFIX + DRAFTER_STEPS))[:PREFIX + DRAFTER_STEPS]
 
-    def runner_for(name: str):
-        sess = sessions.get(Path(paths[name]))
+    def runner_at(path, n: int, role: str):
+        sess = built.get((Path(path), n))
         if sess is None:
-            sess = create_session(paths[name], "cpu", threads=threads, role="target")[0]
-        return ModelRunner(sess, "target", bundle.target.max_position, exact=False)
+            sess = built[(Path(path), n)] = create_session(path, "cpu", threads=n, role=role)[0]
+        side = "target" if role == "target" else "drafter"
+        return ModelRunner(sess, side, (bundle.target if side == "target" else bundle.drafter).max_position,
+                           exact=False)
 
+    scaling, target_n, drafter_n = None, resolve_threads(threads), resolve_threads(threads)
+    if threads is None:
+        cores, first = allowed_cores(), next(paths[n] for n in GRAPHS if n in paths)
+        target_ms, target_n = scale_threads(lambda n: probe_step(runner_at(first, n, "target"), ids), cores)
+        scaling = {"target": target_ms, "target_threads": target_n}
+        if dids is not None:
+            drafter_ms, drafter_n = scale_threads(
+                lambda n: probe_step(runner_at(bundle.drafter.onnx, n, "drafter"), dids), cores)
+            scaling.update(drafter=drafter_ms, drafter_threads=drafter_n)
+    graphs: dict[str, GraphProfile] = {}
     for name in GRAPHS:
         if name not in paths:
             continue
@@ -259,16 +319,19 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
         if name == "prefill" and exact_one:
             graphs[name] = GraphProfile(note="not measured: another graph has exact 1-token steps here")
             continue
-        graphs[name] = probe_graph(runner_for(name), ids, slower_than_ms=best if name == "prefill" else None)
+        graphs[name] = probe_graph(runner_at(paths[name], target_n, "target"), ids,
+                                   slower_than_ms=best if name == "prefill" else None)
     drafter_ms = None
-    if bundle.drafter is not None:
-        sess = drafter_session or create_session(bundle.drafter.onnx, "cpu", threads=threads, role="drafter")[0]
-        drafter = ModelRunner(sess, "drafter", bundle.drafter.max_position, exact=False)
-        dids = bundle.drafter.tokenizer.encode(PROBE_TEXT, add_special_tokens=False).ids or [1]
-        drafter_ms = probe_drafter(drafter, (dids * (PREFIX + DRAFTER_STEPS))[:PREFIX + DRAFTER_STEPS])
+    if dids is not None:
+        drafter_ms = probe_step(runner_at(bundle.drafter.onnx, drafter_n, "drafter"), dids, DRAFTER_STEPS)
     return DeviceProfile(key=profile_key(bundle, threads), graphs=graphs, drafter_step_ms=drafter_ms,
                          measure_s=round(time.perf_counter() - t0, 3),
-                         measured_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                         measured_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), thread_scaling=scaling)
+
+
+def _threads_of(session) -> int:
+    """A session's intra-op thread count."""
+    return int(session.get_session_options().intra_op_num_threads)
 
 
 def ensure_profile(bundle, threads: int | None, remeasure: bool = False, **measure_kw) -> tuple[DeviceProfile, bool]:

@@ -55,7 +55,7 @@ def run_doctor(args) -> int:
 
     from edgespec.runtime.bundle import Bundle
     from edgespec.runtime.device_profile import ensure_profile, profile_path
-    from edgespec.runtime.sessions import check_threads, default_threads
+    from edgespec.runtime.sessions import allowed_cores, check_threads
 
     threads = check_threads(args.threads)
     if args.acceptance is not None and not 0.0 <= args.acceptance <= 1.0:
@@ -64,7 +64,7 @@ def run_doctor(args) -> int:
     bundle = Bundle.load(args.bundle, verify="fast")
     if not args.json:
         print(f"machine: {cpu_description()}; onnxruntime {ort.__version__}; "
-              f"{default_threads() if threads is None else threads} thread(s)")
+              f"{allowed_cores()} allowed core(s), threads {'chosen by the profile' if threads is None else threads}")
         print(f"bundle: {bundle.path} ({bundle.manifest.get('pair') or 'pair'})", flush=True)
     profile, measured = ensure_profile(bundle, threads, remeasure=args.remeasure)
     plan = make_plan(profile, args.acceptance)
@@ -89,6 +89,10 @@ def run_doctor(args) -> int:
               f"{_yes(g.wide_exact, g.wide_max_abs_diff):<14}  {curve}")
     if profile.drafter_step_ms is not None:
         print(f"  drafter step: {profile.drafter_step_ms:.1f} ms")
+    for side in ("target", "drafter"):
+        if profile.chosen_threads(side) is not None:
+            steps = "  ".join(f"{n}: {ms:.1f}" for n, ms in sorted(profile.thread_scaling[side].items()))
+            print(f"  {side} 1-token step ms by threads  {steps}  -> {profile.chosen_threads(side)} threads")
     print(plan.describe())
     print("why:")
     for reason in plan.reasons:

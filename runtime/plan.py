@@ -78,6 +78,8 @@ class Plan:
     acceptance: float | None = None
     rates: dict = field(default_factory=dict)     # {(graph, gamma): expected tokens per second}
     reasons: tuple[str, ...] = ()
+    threads: int | None = None      # the target's intra-op threads the profile chose (None: the default)
+    draft_threads: int | None = None
 
     @property
     def graph_file(self) -> str:
@@ -152,6 +154,7 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
     alpha = PRIOR_ACCEPTANCE if acceptance is None else min(max(float(acceptance), 0.0), 1.0)
     kept = LOOKUP_PRIOR if lookup_kept is None else min(max(float(lookup_kept), 0.0), 1.0)
     reasons: list[str] = []
+    chosen = _threads(profile, reasons)
     for name, g in profile.graphs.items():
         word = GRAPH_WORDS.get(name, name)
         if not g.measured:
@@ -169,7 +172,7 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
     if not steps:
         reasons.append("no graph computes the same logits for every forward width here: plain 1-token steps")
         return Plan("model", 1, drafter=False, gamma_max=0, free_guess=False, source="profile", acceptance=alpha,
-                    reasons=tuple(reasons))
+                    reasons=tuple(reasons), **chosen)
     # plain decoding per graph: padded steps with free lookup guesses, or unpadded 1-token steps
     padded = {name: 1000.0 * (1.0 + kept if k >= 2 else 1.0) / ms for name, (k, ms) in steps.items()}
     fast = {name: 1000.0 / profile.graphs[name].cost_ms[0] for name, (k, _) in steps.items() if k >= 2}
@@ -207,10 +210,22 @@ def make_plan(profile, acceptance: float | None = None, max_gamma: int = MAX_GAM
         gamma_max = gamma_range(profile.graphs[graph].cost_ms, d, max(alpha, PRIOR_ACCEPTANCE), max_gamma)
         tokens = steps[graph][0]
         return Plan(graph, tokens, drafter=True, gamma_max=gamma_max, free_guess=tokens >= 2, source="profile",
-                    acceptance=alpha, rates=rates, reasons=tuple(reasons))
+                    acceptance=alpha, rates=rates, reasons=tuple(reasons), **chosen)
     tokens = steps[best_plain][0]
     if d is not None:
         how = "unpadded 1-token steps" if plain_steps == "fast" else "plain decoding with lookup guesses"
         reasons.append(f"the drafter does not pay here: {how}, no drafter")
     return Plan(best_plain, tokens, drafter=False, gamma_max=max_gamma, free_guess=tokens >= 2, source="profile",
-                plain_steps=plain_steps, acceptance=alpha, rates=rates, reasons=tuple(reasons))
+                plain_steps=plain_steps, acceptance=alpha, rates=rates, reasons=tuple(reasons), **chosen)
+
+
+def _threads(profile, reasons: list[str]) -> dict:
+    """{"threads", "draft_threads"} the profile's thread scaling chose (None where it has none), with a
+    reason naming them."""
+    scaling = getattr(profile, "thread_scaling", None) or {}
+    chosen = {"threads": scaling.get("target_threads"), "draft_threads": scaling.get("drafter_threads")}
+    for side, key in (("target", "threads"), ("drafter", "draft_threads")):
+        if chosen[key] is not None:
+            steps = ", ".join(f"{n}: {ms:.1f} ms" for n, ms in sorted(scaling[side].items()))
+            reasons.append(f"{side} threads {chosen[key]}, its fastest step by thread count ({steps})")
+    return chosen

@@ -22,8 +22,12 @@ without the drafter) keeps ORT's default: its next run
 1.5B steps: 64.8 ms spinning on, 73.0 ms with the forced stop, 68.5 ms spinning off. With a drafter
 beside it the target stops too: letting it spin slowed the drafter's steps (c_time 0.28 -> 0.48 on the
 held-out bench) and the default decoder lost 5% (13.47 -> 12.77 tok/s).
+`threads=None` means every core this process may use (`allowed_cores`: its CPU affinity, SMT siblings
+counted once, a cgroup CPU quota), as onnxruntime-genai does, until this machine's device profile has
+measured how a step scales with threads and chosen fewer (runtime/device_profile.py, `thread_scaling`).
 An explicit `threads=n` uses n threads: a whole number from 1 to MAX_THREADS (`check_threads`; anything
-else, 2.7, 0, "2", True, is a one-line EPError).
+else, 2.7, 0, "2", True, is a one-line EPError), and more than the allowed cores are capped to them, said
+in one line (`resolve_threads`).
 """
 from __future__ import annotations
 
@@ -99,9 +103,70 @@ def resolve_providers(ep: str | Sequence[Any] | None) -> list[tuple[str, dict]]:
     return out
 
 
+SYS_CPU = Path("/sys/devices/system/cpu")
+CGROUP = Path("/sys/fs/cgroup")
+_SAID: set = set()          # the capped-threads lines already printed (once each per process)
+
+
+def allowed_cores(cpus: Sequence[int] | None = None, sys_cpu: Path = SYS_CPU, cgroup: Path = CGROUP) -> int:
+    """Physical cores this process may run on: the CPUs of its affinity (`taskset`, a container's cpuset),
+    SMT siblings counted once (a second hardware thread of a core shares its matmul units), capped by a
+    cgroup CPU quota (`docker --cpus`). `cpus`, `sys_cpu`, `cgroup`: the affinity and the sysfs roots."""
+    if cpus is None:
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):      # not Linux
+            cpus = list(range(os.cpu_count() or 1))
+    cores = {_core_of(c, sys_cpu) for c in cpus}
+    quota = _cpu_quota(cgroup)
+    return max(1, min(len(cores), quota) if quota else len(cores))
+
+
+def _core_of(cpu: int, sys_cpu: Path):
+    """(package, core) of a logical CPU; the CPU itself where sysfs does not say."""
+    top = sys_cpu / f"cpu{cpu}" / "topology"
+    try:
+        return (top / "physical_package_id").read_text().strip(), (top / "core_id").read_text().strip()
+    except OSError:
+        return ("cpu", cpu)
+
+
+def _cpu_quota(cgroup: Path) -> int | None:
+    """Whole CPUs a cgroup quota allows (rounded up), None without one: v2's cpu.max, v1's cfs files."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:                      # "max": no quota
+        return None
+    return max(1, -(-q // p)) if q > 0 and p > 0 else None
+
+
 def default_threads() -> int:
-    """Intra-op threads used when `threads=None` (see the module docstring for the measurements)."""
-    return max(1, min(os.cpu_count() or 1, 4))
+    """Intra-op threads used when `threads=None` and no device profile chose fewer: every allowed core."""
+    return allowed_cores()
+
+
+def resolve_threads(threads, name: str = "threads") -> int:
+    """The intra-op threads a session gets: `threads` checked (check_threads), None the default, and more
+    than the allowed cores capped to them with one line (once per process)."""
+    n = check_threads(threads, name)
+    cores = allowed_cores()
+    if n is None:
+        return cores
+    if n > cores:
+        if (name, n) not in _SAID:
+            _SAID.add((name, n))
+            print(f"edgespec: {name}={n} is more than the {cores} core(s) this process may use: using {cores}",
+                  file=sys.stderr)
+        return cores
+    return n
 
 
 def check_threads(threads, name: str = "threads") -> int | None:
@@ -120,8 +185,7 @@ def session_options(threads: int | None = None, name: str = "threads", stop_spin
     """SessionOptions with our thread policy: n intra-op threads that spin while a run lasts and, with
     stop_spinning, stop when it returns (`session.force_spinning_stop`), one inter-op thread."""
     ort = _ort()
-    n = check_threads(threads, name)
-    n = default_threads() if n is None else n
+    n = resolve_threads(threads, name)
     so = ort.SessionOptions()
     so.intra_op_num_threads = n
     so.inter_op_num_threads = 1
