@@ -10,10 +10,14 @@ decides, before each generation of strategy="auto", whether the drafter runs and
 running one stops only below KEEP_MARGIN, both counting the drafter's window fill per token as measured
 in this decoder's generations that ran it. Where the plan's steps pad, it also books how often a lookup
 guess would have been kept on each output (lookup.guess_record), which decides between padded plain
-steps with guesses and unpadded 1-token ones (runtime/plan.py). Where the drafter stopped paying, every
-REPROBE_EVERY-th generation still runs it, so that its acceptance on the prompts this app sends keeps
-being measured (one prompt's acceptance decided for good until 2026-11-27, and on the held-out set it
-switched a paying drafter off: 1.05x against 1.09x `ar-fast`).
+steps with guesses and unpadded 1-token ones (runtime/plan.py). The formula is the prior: once a
+generation has run the drafter, what such generations realized decides (`realized_speedup`: their decode
+rate, window fill and catch-up included, over the fastest plain decoding at their own context and load,
+an average weighted REALIZED_WEIGHT to the latest): the drafter runs while that is KEEP_MARGIN or more.
+Where the drafter stopped paying, every REPROBE_EVERY-th generation still runs it, so that what it does
+on the prompts this app sends keeps being measured. Inside a generation the draft-length governor moves
+between drafter rounds and plain steps round by round (runtime/governor.py); a generation's choice
+between exact and unpadded steps is made before it starts (the lossless rule, docs/runtime.md).
 
 Without a cached profile ($EDGESPEC_DEVICE_PROFILE=auto, the CPU EP, a decoder made with strategy "auto",
 the one the plan is for) the profile is measured once, after the decoder's first generation ends, on a
@@ -50,6 +54,8 @@ LIVE_SAMPLES = 24        # live forwards before they are compared with the profi
 LIVE_KEPT = 256          # the latest live forwards kept
 MIN_GUESSES = 64         # simulated lookup guesses before their kept share replaces the plan's prior
 MIN_FILL_TOKENS = 256    # tokens of drafter generations before their window fill counts in the plan
+REALIZED_WEIGHT = 0.4    # weight of the latest drafter generation in the realized speedup (a few decide)
+MIN_REALIZED_TOKENS = 8  # a generation shorter than this says too little about its rate
 _RUNNING: list[threading.Thread] = []
 
 
@@ -78,6 +84,7 @@ class DevicePlanning:
         self.remeasured = False
         self.guess_steps = self.guesses_kept = 0    # lookup guesses on this decoder's outputs (lookup_share)
         self.fill_ms, self.drafted_tokens = 0.0, 0   # the drafter's window fills, and the tokens of their generations
+        self.realized: float | None = None  # drafter generations' speedup over the fastest plain decoding, as run
 
     def acceptance(self) -> float | None:
         """The drafter's per-position acceptance over its life in this decoder, None before MIN_REACHED positions."""
@@ -104,6 +111,14 @@ class DevicePlanning:
         margin = KEEP_MARGIN if self.drafter_running else DRAFTER_MARGIN
         kept, fill = self.lookup_share(), self.fill_per_token()
         plan = make_plan(self.profile, alpha, graph=graph, margin=margin, lookup_kept=kept, fill_ms=fill)
+        if self.realized is not None:         # what the drafter's generations did here decides, not the formula
+            keep = self.realized >= KEEP_MARGIN
+            if keep != plan.drafter:
+                plan = make_plan(self.profile, alpha, graph=graph, margin=0.0 if keep else float("inf"),
+                                 lookup_kept=kept, fill_ms=fill)
+            plan = replace(plan, reasons=plan.reasons + (
+                f"the drafter's generations here ran {self.realized:.2f}x the fastest plain decoding (their decode "
+                f"time, window fill included): it {'keeps running' if keep else 'stops'}",))
         self.drafter_running = plan.drafter
         if plan.drafter:
             self.generations_without = 0
@@ -124,10 +139,14 @@ class DevicePlanning:
         on its output; where this machine has no profile yet, or its profile is stale (module
         docstring), start measuring it."""
         self.drafter_governor = dec.setup.drafter_governor() or self.drafter_governor
+        unpadded = dec.config.plain_steps == "fast" and self.plan.step_tokens >= 2    # not the profile's widths
         if stats.draft_forwards:
             self.fill_ms += stats.draft_prefill_ms
             self.drafted_tokens += max(stats.new_tokens - stats.prefill_tokens, 1)
-        unpadded = dec.config.plain_steps == "fast" and self.plan.step_tokens >= 2    # not the profile's widths
+            speedup = realized_speedup(stats, self.profile, self.plan)
+            if speedup is not None:
+                self.realized = speedup if self.realized is None else \
+                    (1.0 - REALIZED_WEIGHT) * self.realized + REALIZED_WEIGHT * speedup
         for k, ms in stats.verify_ms_by_k.items():
             self.live_ms.extend((k, m) for m in ms if k > 1 or not unpadded)
         if self.profile is not None and self.plan.step_tokens >= 2 and len(output_ids) > 1:
@@ -179,6 +198,30 @@ class DevicePlanning:
         finally:
             if self.measuring in _RUNNING:
                 _RUNNING.remove(self.measuring)
+
+
+def realized_speedup(stats, profile, plan) -> float | None:
+    """A drafter generation's decode rate over the fastest plain decoding the profile gives on the plan's
+    graph, at this generation's context and load: its time after the first token (window fill and catch-up
+    included, session builds not) per token, against the profile's plain step scaled by how much slower
+    than the profile this generation's own target forwards ran. None without a profile or enough tokens."""
+    tokens = stats.new_tokens - stats.prefill_tokens
+    g = profile.graphs.get(plan.step_graph) if profile is not None else None
+    if g is None or not g.measured or tokens < MIN_REALIZED_TOKENS:
+        return None
+    width = lambda k: max(k, plan.step_tokens)         # noqa: E731 - exact steps pad to step_tokens
+    ratios = [ms / g.cost_ms[width(k) - 1] for k, runs in stats.verify_ms_by_k.items() for ms in runs
+              if width(k) <= len(g.cost_ms)]
+    plain = [r for (name, k), r in plan_rates(profile, plan).items() if name == plan.step_graph and k in (0, "1-token")]
+    if not ratios or not plain:
+        return None
+    decode_ms = stats.total_ms - stats.ttft_ms - stats.drafter_load_ms
+    return 1000.0 / max(plain) * median(ratios) * tokens / max(decode_ms, 1e-6)
+
+
+def plan_rates(profile, plan) -> dict:
+    """The plan's rates, or the profile's plan's where the plan has none (the export's)."""
+    return plan.rates or make_plan(profile, graph=plan.step_graph).rates
 
 
 def wait_for_profile(decoder) -> None:

@@ -1,0 +1,88 @@
+"""The plan corrected by what it measures (runtime/device_plan.py): the AVX2 EPYC's profile (measured there
+on 2026-11-27, tests/data/profiles) gives that machine's plan, and the drafter's realized speedup, not
+the formula, decides whether it keeps running, with a bounded share of re-probes."""
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from edgespec.runtime.device_plan import REPROBE_EVERY, DevicePlanning, realized_speedup
+from edgespec.runtime.device_profile import DeviceProfile
+from edgespec.runtime.plan import make_plan
+from edgespec.runtime.stats import GenerationStats
+
+AVX2 = Path(__file__).parent / "data" / "profiles" / "epyc-avx2-2t-qwen-coder-int4.json"
+TOKENS = 96
+
+
+@pytest.fixture
+def avx2() -> DeviceProfile:
+    return DeviceProfile.from_json(json.loads(AVX2.read_text()))
+
+
+def drafter_generation(profile, speedup: float, slower: float = 1.0) -> GenerationStats:
+    """The stats of a drafter generation of TOKENS + 1 tokens that ran `speedup` times the fastest plain
+    decoding, on forwards `slower` times the profile's (a longer context, a busier CPU)."""
+    cost = profile.graphs["model"].cost_ms
+    fast_ms = cost[0] * slower
+    decode = TOKENS * fast_ms / speedup
+    return GenerationStats(new_tokens=TOKENS + 1, prefill_tokens=1, draft_forwards=60, draft_prefill_ms=30.0,
+                           ttft_ms=500.0, total_ms=500.0 + decode,
+                           verify_ms_by_k={1: [cost[1] * slower] * 5, 2: [cost[1] * slower] * 40})
+
+
+def plain_generation() -> GenerationStats:
+    return GenerationStats(new_tokens=TOKENS + 1, prefill_tokens=1, ttft_ms=500.0, total_ms=4000.0)
+
+
+DEC = SimpleNamespace(setup=SimpleNamespace(drafter_governor=lambda: None), config=SimpleNamespace(plain_steps="exact"))
+
+
+def test_the_avx2_profile_gives_that_machines_plan(avx2):
+    plan = make_plan(avx2)
+    assert plan.drafter and plan.gamma_max == 1 and plan.step_graph == "model" and plan.step_tokens == 2
+    assert "speculative with the drafter, gamma 1..1; exact steps on model.onnx (padded 2-token forwards)" \
+        in plan.describe()
+    # at the extraction prompt's acceptance (0.38) the formula itself says plain 1-token steps
+    low = make_plan(avx2, 0.38)
+    assert not low.drafter and low.plain_steps == "fast"
+
+
+def test_realized_speedup_reads_the_generation_at_its_own_context(avx2):
+    plan = make_plan(avx2)
+    for slower in (1.0, 1.5):
+        assert realized_speedup(drafter_generation(avx2, 0.8, slower), avx2, plan) == pytest.approx(0.8)
+        assert realized_speedup(drafter_generation(avx2, 1.2, slower), avx2, plan) == pytest.approx(1.2)
+    assert realized_speedup(GenerationStats(new_tokens=4, prefill_tokens=1), avx2, plan) is None
+    assert realized_speedup(drafter_generation(avx2, 1.0), None, plan) is None
+
+
+def test_a_drafter_that_loses_as_run_stops_within_a_few_generations(avx2):
+    planning = DevicePlanning(None, 2, "cpu", avx2, make_plan(avx2), measure=False)
+    assert planning.current().drafter                              # the formula's prior: it pays on paper
+    planning.after_generation(DEC, drafter_generation(avx2, 0.7))
+    plan = planning.current()
+    assert not plan.drafter and plan.plain_steps == "fast"          # the fastest plain decoding: ar-fast
+    assert "ran 0.70x the fastest plain decoding" in plan.reasons[-1] and "stops" in plan.reasons[-1]
+    runs = []
+    for _ in range(3 * (REPROBE_EVERY + 1)):
+        plan = planning.current()
+        runs.append(plan.drafter)
+        planning.after_generation(DEC, drafter_generation(avx2, 0.7) if plan.drafter else plain_generation())
+    probes = [i for i, ran in enumerate(runs) if ran]               # one re-probe in REPROBE_EVERY + 1 generations
+    assert len(probes) == 3 and probes[0] >= REPROBE_EVERY - 1 and {b - a for a, b in zip(probes, probes[1:])} == \
+        {REPROBE_EVERY + 1}
+
+
+def test_a_drafter_that_pays_as_run_keeps_running_where_the_formula_says_stop(avx2):
+    planning = DevicePlanning(None, 2, "cpu", avx2, make_plan(avx2, 0.4), measure=False)
+    planning.after_generation(DEC, drafter_generation(avx2, 1.15))
+    assert planning.current().drafter and planning.realized == pytest.approx(1.15)
+    # two losing prompts in a row bring the average below 1: it stops; winning re-probes bring it back
+    planning.after_generation(DEC, drafter_generation(avx2, 0.6))
+    planning.after_generation(DEC, drafter_generation(avx2, 0.6))
+    assert not planning.current().drafter
+    for _ in range(4):
+        planning.after_generation(DEC, drafter_generation(avx2, 1.4))
+    assert planning.current().drafter
