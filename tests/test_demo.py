@@ -39,8 +39,9 @@ def test_demo_smollm_self_int4_then_reused_then_an_interrupted_bench_resumes(tmp
     report = json.loads((out / "report" / "report.json").read_text())
     rows = {r["strategy"] for r in report["runs"]}
     assert {"ar", "auto"} <= rows and report["settings"]["split"] == "test"
-    # exact `ar` is the fastest plain decoding on a padded-attention target: no `ar-fast` row then
-    assert ("ar-fast" in rows) == (not (out / "bundle" / "target" / "padded_attention.onnx").is_file())
+    # an `ar-fast` row exactly where this CPU's exact plain steps pad (its kernels' 1-token path differs):
+    # the device plan measured that here, whatever files the bundle has
+    assert ("ar-fast" in rows) == (report["device_plan"]["step_tokens"] >= 2)
     assert report["runs"][0]["draft_length_setting"] in (0, "auto")
     assert "quality" not in m["target"]["quantization"]          # the fp32 reference is not built by default
     for text in ("decode tok/s", "(baseline)", "where the time went", "Greedy outputs identical to ar", "plot:",
