@@ -6,7 +6,10 @@ onnxruntime-genai's model builder for the EP (fp16, then int4), given edgespec's
 onnxruntime-genai's generator on the same graph, interleaved; the cost of a k-token forward, k = 1..9;
 the drafter's step with its full head and pruned to 32,768 tokens (export/prune.py); the expected
 speedup of the measured costs at acceptance 0.6 / 0.7 / 0.8 (profiler/mbsu.py's tau). Random weights:
-acceptance means nothing here. EDGESPEC_SCALE_SHAPES=tiny shrinks the models for a dry run on a CPU.
+acceptance means nothing here. On the CPU EP (`--ep cpu`: fp32 and int4; a many-core host) it also
+measures how a target and a drafter step scale with threads, runs edgespec at the counts the device
+profile would choose (genai at its own: every core), and prints the plan runtime/plan.py makes from the
+measured costs. EDGESPEC_SCALE_SHAPES=tiny shrinks the models for a dry run on a CPU.
 """
 from __future__ import annotations
 
@@ -60,12 +63,37 @@ def _build(hf: Path, out: Path, precision: str, ep: str, head_dim: int) -> Path:
     return out
 
 
-def _runner(path: Path, ep: str):
+def _runner(path: Path, ep: str, threads: int | None = None):
     from edgespec.runtime.kv import ModelRunner
     from edgespec.runtime.sessions import create_session
 
-    sess, _ = create_session(path, ep, role="target")
+    sess, _ = create_session(path, ep, threads=threads, role="target")
     return ModelRunner(sess, "target")
+
+
+def _thread_choice(target: Path, drafter: Path, ids: list[int]) -> dict:
+    """The CPU EP: how a target and a drafter step scale with threads, and the counts the device profile
+    would choose (runtime/device_profile.py's own scaling, on these graphs)."""
+    from edgespec.runtime import device_profile as dp
+    from edgespec.runtime.sessions import allowed_cores
+
+    cores = allowed_cores()
+    t_ms, t_n = dp.scale_threads(lambda n: dp.probe_step(_runner(target, "cpu", n), ids), cores)
+    d_ms, d_n = dp.scale_threads(lambda n: dp.probe_step(_runner(drafter, "cpu", n), ids), cores)
+    return {"allowed_cores": cores, "os_cpu_count": os.cpu_count(), "target": t_ms, "target_threads": t_n,
+            "drafter": d_ms, "drafter_threads": d_n}
+
+
+def _plan(costs: dict, draft_ms: float, exact_one: bool, threads: dict) -> dict:
+    """The plan runtime/plan.py makes from these measured costs (the pair's shapes, random weights)."""
+    from edgespec.runtime.device_profile import DeviceProfile, GraphProfile
+    from edgespec.runtime.plan import make_plan
+
+    graph = GraphProfile(measured=True, one_token_exact=exact_one, wide_exact=True, cost_ms=[costs[k] for k in sorted(costs)])
+    plan = make_plan(DeviceProfile(key={}, graphs={"model": graph}, drafter_step_ms=draft_ms, measure_s=0.0,
+                                   measured_utc="-", thread_scaling=threads or None))
+    return {"describe": plan.describe(), "reasons": list(plan.reasons), "threads": plan.threads,
+            "draft_threads": plan.draft_threads}
 
 
 def _edgespec_plain(runner, ids: list[int]) -> float:
@@ -213,14 +241,16 @@ def scale(ep: str, out: Path, say, tokenizer_dir: Path) -> None:
 
         (work / f"d-{precision}-pruned").mkdir(exist_ok=True)
         prune_head(d_dir / "model.onnx", work / f"d-{precision}-pruned", np.arange(keep), np.arange(keep))
-        target = _runner(t_dir / "model.onnx", ep)
-        model = og.Model(str(t_dir))
+        pruned = work / f"d-{precision}-pruned" / "model.onnx"
+        threads = _thread_choice(t_dir / "model.onnx", pruned, ids) if ep == "cpu" else {}
+        target = _runner(t_dir / "model.onnx", ep, threads.get("target_threads"))
+        model = og.Model(str(t_dir))                 # genai: its own thread choice (every core)
         rates = {"edgespec": [], "genai": []}
         for _ in range(3):                     # interleaved
             rates["genai"].append(_genai_plain(model, og, ids))
             rates["edgespec"].append(_edgespec_plain(target, ids))
         costs = _k_costs(target, ids)
-        drafter = {name: _k_costs(_runner(path / "model.onnx", ep), ids, ks=(1,))[1]
+        drafter = {name: _k_costs(_runner(path / "model.onnx", ep, threads.get("drafter_threads")), ids, ks=(1,))[1]
                    for name, path in (("full", d_dir), ("pruned", work / f"d-{precision}-pruned"))}
         med = {k: statistics.median(v) for k, v in rates.items()}
         graphs = {}
@@ -238,6 +268,7 @@ def scale(ep: str, out: Path, say, tokenizer_dir: Path) -> None:
             "target_k_token_forward_ms": costs, "verify_cost_vs_1": {k: round(v / costs[1], 2) for k, v in costs.items()},
             "drafter_step_ms": drafter, "c_time_pruned": round(drafter["pruned"] / costs[1], 3),
             "expected_speedup_vs_plain": _expected(costs, drafter["pruned"]), "kv_shared": target.shared,
-            "cuda_graph_ms": graphs, "min_tokens": target.min_tokens,
+            "cuda_graph_ms": graphs, "min_tokens": target.min_tokens, "threads": threads,
+            "plan": _plan(costs, drafter["pruned"], target.min_tokens == 1, threads),
             "seconds": round(time.perf_counter() - t0, 1)})
         del model, target
