@@ -4,9 +4,13 @@ grammar, compiled by llguidance into a token-level matcher over the target's voc
 `compile_constraint(...)` turns the user's arguments into an llguidance grammar string and checks it
 (a bad schema/regex/grammar is a one-line GenerationError before any model runs). `GrammarState` is
 one generation's matcher, in step with the decode round (rounds.py):
-- the committed tokens are consumed; drafts of the round in flight are consumed on top of them
-  (`draft`, `block_masks`) and rolled back at `commit`, which consumes the accepted ones and the
-  target's token;
+- the committed tokens are consumed by `matcher`, which is never rolled back; the drafts of the
+  round in flight are consumed by a copy of it (`draft`, `block_masks`: `deep_copy()`, made at the
+  round's first draft), dropped at `commit`, which consumes the accepted drafts and the target's token
+  on `matcher` (or keeps the copy when every draft was accepted). llguidance's `rollback` can leave a
+  wrong mask behind (docs/structured-output.md has the sequence; tests/test_grammar_rollback.py replays
+  it), and a wrong mask breaks both the output's validity and the lossless rule;
+- a draft the matcher refuses is a rejected draft (its row then forbids it), never an error;
 - `block_masks(drafts)` gives the allowed-token mask of every verify row: row j predicts the token after
   drafts[:j]. Rows after the first draft the grammar forbids are never used (that draft is rejected at
   the row before), so they are left unmasked;
@@ -15,7 +19,12 @@ one generation's matcher, in step with the decode round (rounds.py):
 - `forced()`: the tokens the grammar allows as the only continuation (llguidance's fast-forward
   tokens), drafted for free (rounds.forced_round).
 
-llguidance (Rust, no torch, ~8 MB) is the `[grammar]` extra: import errors say so.
+JSON schemas: an unknown `format` is an annotation (as JSON Schema has it): the schema compiles without
+it and `Constraint.notes` says so in one line. Approximations are the schema's own choice, through
+llguidance's `"x-guidance"` key in it: `{"coerce_one_of": true}` (oneOf as anyOf), `{"lenient": true}`
+(keys llguidance does not implement ignored); the refusals name them.
+
+llguidance (Rust, no torch, ~8 MB) comes with the `[serve]` extra (and `[grammar]`): import errors say so.
 """
 from __future__ import annotations
 
@@ -33,21 +42,25 @@ from edgespec.runtime.tli import tli_greedy
 # commas are forced tokens (free drafts) instead of choices; the spacing models write by habit
 JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
+INSTALL = "pip install 'edgespec[serve]' (or 'edgespec[grammar]' for the library alone)"
+MAX_ERROR = 300         # characters of an llguidance message kept (some run to thousands, over many lines)
 
 
 def _llguidance():
     try:
         import llguidance
     except ImportError:
-        raise GenerationError("structured output needs llguidance: pip install 'edgespec[grammar]'") from None
+        raise GenerationError(f"structured output needs llguidance: {INSTALL}") from None
     return llguidance
 
 
 @dataclass(frozen=True)
 class Constraint:
-    """A checked constraint: its kind (json_schema, json_object, regex, grammar) and llguidance grammar."""
+    """A checked constraint: its kind (json_schema, json_object, regex, grammar), llguidance grammar,
+    and one line per thing the schema says that the grammar leaves out (an unknown format)."""
     kind: str
     grammar: str
+    notes: tuple[str, ...] = ()
 
 
 def constraint_from(response_format=None, json_schema=None, regex=None, grammar=None) -> Constraint | None:
@@ -95,11 +108,7 @@ def constraint_from(response_format=None, json_schema=None, regex=None, grammar=
                 raise GenerationError(f"json_schema is not valid JSON: {e}") from None
         if not isinstance(json_schema, (dict, bool)):
             raise GenerationError(f"json_schema must be a JSON object, got {type(json_schema).__name__}")
-        try:
-            g = M.grammar_from_json_schema(json_schema, overrides=JSON_OPTIONS)
-        except (ValueError, TypeError) as e:
-            raise GenerationError(f"json_schema: {_one_line(e)}") from None
-        return Constraint("json_schema", g)
+        return _schema_constraint(M, json_schema)
     if regex is not None:
         if not isinstance(regex, str):
             raise GenerationError("regex must be a string")
@@ -111,9 +120,39 @@ def constraint_from(response_format=None, json_schema=None, regex=None, grammar=
     return None
 
 
+def _schema_constraint(M, schema) -> Constraint:
+    """A JSON schema's grammar. An unknown `format` is left out (JSON Schema's annotation), with a note;
+    anything else llguidance refuses is refused, naming the "x-guidance" option that would approximate it."""
+    try:
+        g = M.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+    except (ValueError, TypeError) as e:
+        raise GenerationError(f"json_schema: {_one_line(e)}") from None
+    err = M.validate_grammar(g)
+    if not err:
+        return Constraint("json_schema", g)
+    if err.startswith("Unknown format"):
+        lenient = M.grammar_from_json_schema(schema, overrides=dict(JSON_OPTIONS, lenient=True))
+        failed, warnings = M.validate_grammar_with_warnings(lenient)
+        others = [w for w in warnings if not w.startswith("Unknown format")]
+        if not failed and not others:
+            names = ", ".join(w.split(":", 1)[1].strip() for w in warnings)
+            return Constraint("json_schema", lenient, notes=(f"json_schema: format {names} not checked (an annotation)",))
+        err = warnings[0] if failed else others[0]
+    hint = next((f"; {h}" for k, h in _HINTS.items() if k in err), "")
+    raise GenerationError(f"json schema is not supported or invalid: {_one_line(err)}{hint}")
+
+
+# what a refused schema can say to be compiled approximately (llguidance's options, read from the schema)
+_HINTS = {"oneOf": 'add "x-guidance": {"coerce_one_of": true} to the schema to take oneOf as anyOf',
+          "Unimplemented": 'add "x-guidance": {"lenient": true} to the schema to ignore the keys llguidance '
+                           'does not implement (the output may then break them)'}
+
+
 def _one_line(e) -> str:
+    """llguidance's message on one line, cut to MAX_ERROR characters."""
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return " ".join(lines)[:400] if lines else type(e).__name__
+    text = " ".join(lines) if lines else type(e).__name__
+    return text if len(text) <= MAX_ERROR else text[:MAX_ERROR - 3] + "..."
 
 
 class GrammarTokenizer:
@@ -157,16 +196,22 @@ class GrammarState:
 
     def __init__(self, tok: GrammarTokenizer, constraint: Constraint):
         llg = _llguidance()
-        self.matcher = llg.LLMatcher(tok.ll, constraint.grammar, log_level=0)
+        self.matcher = llg.LLMatcher(tok.ll, constraint.grammar, log_level=0)   # the committed tokens
         if self.matcher.is_error():
             raise GenerationError(f"{constraint.kind}: {_one_line(self.matcher.get_error())}")
+        self.notes = constraint.notes
         self.width = tok.width
         self.eos_ids = frozenset(tok.eos_ids)
         self.words = (self.width + 31) // 32
-        self.pending = 0                  # drafts consumed on top of the committed tokens
-        self.masks: list[np.ndarray] = []  # masks[j]: allowed after the committed tokens + j pending drafts
+        self.work = None                  # a copy of `matcher` with the round's drafts consumed (None: none yet)
+        self.drafts: list[int] = []       # drafts consumed on top of the committed tokens (by `work`)
+        self.masks: list[np.ndarray] = []  # masks[j]: allowed after the committed tokens + j drafts
         self.mask_ms = 0.0
         self.mask_count = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self.drafts)
 
     # -- masks
     def allowed(self) -> np.ndarray:
@@ -175,7 +220,7 @@ class GrammarState:
             return self.masks[self.pending]
         t = time.perf_counter()
         bits = np.zeros(self.words, dtype=np.int32)
-        self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        (self.work if self.drafts else self.matcher).unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         mask = np.unpackbits(bits.view(np.uint8), bitorder="little")[:self.width].view(bool)
         self.mask_ms += (time.perf_counter() - t) * 1e3
         self.mask_count += 1
@@ -184,12 +229,17 @@ class GrammarState:
 
     def draft(self, token: int) -> bool:
         """Consume one draft if the grammar allows it (True); a forbidden one is not consumed (False),
-        nor is an end-of-sequence token (generation ends there; llguidance cannot roll one back)."""
-        if token in self.eos_ids or not self.allowed()[token]:
+        nor is an end-of-sequence token (generation ends there). A draft the mask allows but the
+        matcher refuses is forbidden from then on in this row's mask: a rejected draft, not an error."""
+        mask = self.allowed()
+        if token in self.eos_ids or not mask[token]:
             return False
-        if not self.matcher.consume_token(int(token)):
-            raise GenerationError(f"grammar matcher: {self.matcher.get_error()}")
-        self.pending += 1
+        if self.work is None:
+            self.work = self.matcher.deep_copy()
+        if self.work.try_consume_tokens([int(token)]) != 1:
+            mask[token] = False           # (masks are this state's own arrays) verify cannot keep it now
+            return False
+        self.drafts.append(int(token))
         return True
 
     def block_masks(self, drafts) -> list[np.ndarray | None]:
@@ -204,18 +254,26 @@ class GrammarState:
         return rows
 
     def commit(self, n_acc: int, token: int) -> None:
-        """Keep n_acc of the pending drafts, then consume the target's token. More accepted drafts than
-        consumed ones, or an end-of-sequence token: generation ends there (nothing to consume)."""
+        """Keep n_acc of the pending drafts, then consume the target's token (allowed by the row's mask,
+        which verify applied). More accepted drafts than consumed ones, or an end-of-sequence token:
+        generation ends there (nothing to consume). Nothing is rolled back: `matcher` consumes the
+        kept tokens, or becomes the drafts' copy when it holds exactly them."""
         if n_acc > self.pending or token in self.eos_ids:
             return
-        if self.pending > n_acc:
-            self.matcher.rollback(self.pending - n_acc)
-        del self.masks[n_acc + 1:]
-        self.pending = n_acc
-        if not self.draft(int(token)):
+        if not self.allowed_at(n_acc)[token]:
             raise GenerationError(f"grammar: the target's token {token} is not allowed (internal error)")
-        self.pending = 0
-        self.masks = []
+        if n_acc == self.pending and self.work is not None:
+            matcher, ok = self.work, self.work.consume_token(int(token))
+        else:
+            matcher = self.matcher
+            ok = matcher.consume_tokens([*self.drafts[:n_acc], int(token)])
+        if not ok:
+            raise GenerationError(f"grammar matcher: {_one_line(matcher.get_error())}")
+        self.matcher, self.work, self.drafts, self.masks = matcher, None, [], []
+
+    def allowed_at(self, j: int) -> np.ndarray:
+        """The mask of row j (after j of the pending drafts), computed while drafting."""
+        return self.masks[j] if j < len(self.masks) else self.allowed()
 
     # -- fast-forward
     def forced(self, limit: int) -> list[int]:

@@ -87,8 +87,9 @@ Profiler hooks
 Environment
 - `providers`: {"target": [...], "drafter": [...]} as reported by session.get_providers().
 - `fallbacks`: notes for each session whose requested EP was not active (allow_fallback=True).
-- `stop_reason`: "eos", "stop" (a stop string), "length" (max_new_tokens), or "interrupted"
-  (a stream closed by the caller).
+- `stop_reason`: "eos", "stop" (a stop string), "length" (max_new_tokens), "interrupted"
+  (a stream closed by the caller), or "error" (a GenerationError mid-generation: the output so far is
+  the result's, which the error carries as `result`).
 """
 from __future__ import annotations
 

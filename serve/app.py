@@ -122,7 +122,8 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
             n = budget(req, len(ids))
             job = Job(ids, dict(max_new_tokens=n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                                 seed=req.seed, stop=req.stop or None, **(constraint or {})),
-                      time.monotonic() + settings.timeout, asyncio.get_running_loop(), deltas=req.stream)
+                      time.monotonic() + settings.timeout, asyncio.get_running_loop(), deltas=req.stream,
+                      guard=tools.CallGuard(req.parallel_tool_calls) if calling(req) else None)
             worker.submit(job)
         except APIError as err:
             return error_response(err)
@@ -147,12 +148,13 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
         out: Outcome = event[1]
         body = protocol.full_body(req, rid, settings.model, out.text, protocol.finish_reason(out.stop_reason),
                                   protocol.usage(out.prompt_tokens, out.completion_tokens), out.ext)
-        if calling(req):
+        if calling(req):               # complete calls only (calls.CallGuard); cut by max_tokens: "length"
             choice = body["choices"][0]
             content, calls = tools.parse_tool_calls(out.text)
-            if calls and choice["finish_reason"] == "stop":
+            if calls:
                 choice["message"].update(content=content, tool_calls=calls)
-                choice["finish_reason"] = "tool_calls"
+                if choice["finish_reason"] == "stop":
+                    choice["finish_reason"] = "tool_calls"
         return JSONResponse(body)
 
     def calling(req: protocol.Request) -> bool:

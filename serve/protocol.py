@@ -53,7 +53,7 @@ class Request:
     response_format: dict | None = None   # a generate() constraint (serve/tools.py)
     tools: list = field(default_factory=list)
     tool_choice: str = "none"             # auto | none | required | a function's name
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool = False     # only an explicit true allows more than one call
 
 
 def _bad(message: str, param: str, code: str | None = None) -> APIError:
@@ -161,25 +161,34 @@ def _stop(stop) -> list[str]:
     return list(items)
 
 
-def parse_chat(body, model: str) -> Request:
+def _opening(body, allowed: set[str], key: str):
+    """The checks both routes open with: a JSON object, only known fields, and its required `key`
+    (messages or prompt) present. Returns body[key]."""
     if not isinstance(body, dict):
         raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
-    _check_fields(body, CHAT_FIELDS)
-    msgs = body.get("messages")
-    if msgs is None:
-        raise _bad("'messages' is a required property", "messages")
+    _check_fields(body, allowed)
+    value = body.get(key)
+    if value is None:
+        raise _bad(f"'{key}' is a required property", key)
+    return value
+
+
+def parse_chat(body, model: str) -> Request:
+    msgs = _opening(body, CHAT_FIELDS, "messages")
     if not isinstance(msgs, list):
         raise _bad(f"'messages' must be an array of message objects, got {type(msgs).__name__}", "messages")
     if not msgs:
         raise _bad("'messages' must not be empty", "messages")
-    req = _common(body, model, "chat", [_message(m, i) for i, m in enumerate(msgs)])
+    messages = [_message(m, i) for i, m in enumerate(msgs)]
+    tools.check_history(messages)
+    req = _common(body, model, "chat", messages)
     req.response_format = tools.check_response_format(body.get("response_format"))
     req.tools = tools.check_tools(body.get("tools"))
     req.tool_choice = tools.check_tool_choice(body.get("tool_choice"), req.tools)
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise _bad(f"'parallel_tool_calls' must be a boolean, got {_short(parallel)}", "parallel_tool_calls")
-    req.parallel_tool_calls = parallel is not False
+    req.parallel_tool_calls = parallel is True      # unset: one call (llama-server's default; serve/tools.py)
     return req
 
 
@@ -209,12 +218,7 @@ def _message(m, i: int) -> dict:
 
 
 def parse_completion(body, model: str) -> Request:
-    if not isinstance(body, dict):
-        raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
-    _check_fields(body, COMPLETION_FIELDS)
-    p = body.get("prompt")
-    if p is None:
-        raise _bad("'prompt' is a required property", "prompt")
+    p = _opening(body, COMPLETION_FIELDS, "prompt")
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]                           # a batch of one prompt
     if isinstance(p, list):

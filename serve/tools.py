@@ -5,28 +5,30 @@
 - `tools` are rendered through the model's own chat template (its `tools` variable: Qwen2.5's, Hermes
   style); a template that never reads `tools` gets a 400. The model answers tool calls in the format
   that template teaches, `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, and under
-  `tool_choice` the answer is constrained by a Lark grammar (`tool_grammar`): `required` = one or more
-  calls, a named function = exactly one call of it, `auto` = calls or a text answer (which then cannot
-  start with "<"), `none` = plain text, the tools still shown. Arguments follow each tool's JSON schema.
-- The answer is parsed back (`parse_tool_calls`) into OpenAI's `tool_calls`, or, streamed, turned into
-  tool-call deltas as it is generated (`ToolCallStream`).
+  `tool_choice` the answer is constrained by a Lark grammar (`tool_grammar`): `required` = calls,
+  a named function = exactly one call of it, `auto` = calls or a text answer (which then cannot start
+  with "<"), `none` = plain text, the tools still shown. Arguments follow each tool's JSON schema.
+  "Calls" is ONE call unless the request says `parallel_tool_calls: true` (llama-server's default:
+  small models, allowed a list, repeat a call until max_tokens); then at most MAX_CALLS, and the answer
+  ends at the first repeated call (serve/calls.CallGuard).
+- The answer is parsed back into OpenAI's `tool_calls`, streamed or not: serve/calls.py.
 - Messages: `role: "tool"` results (`tool_call_id`, `content`) and assistant messages carrying
-  `tool_calls` (their `arguments` JSON text is given to the template as an object, as HF templates expect).
+  `tool_calls` (their `arguments` JSON text is given to the template as an object, as HF templates
+  expect), each checked (an id, a name, JSON arguments; a result answers a call made before it).
 """
 from __future__ import annotations
 
 import json
 import re
-import uuid
 
 from edgespec.errors import GenerationError
 from edgespec.runtime.chat import render_chat
 from edgespec.runtime.grammar import JSON_OPTIONS
+from edgespec.serve.calls import CLOSE, OPEN, CallGuard, ToolCallStream, parse_tool_calls  # noqa: F401 (re-exported)
 from edgespec.serve.errors import APIError
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
+MAX_CALLS = 8         # calls in one answer where parallel_tool_calls is true
 
 
 def _bad(message: str, param: str) -> APIError:
@@ -113,12 +115,13 @@ def check_tool_choice(choice, tools: list[dict]) -> str:
 
 def check_message(m: dict, where: str) -> dict:
     """The tool keys of a chat message (`tool_call_id` of a tool result, `tool_calls` of an assistant
-    turn) checked, any other key but role and content refused; the template gets `arguments` as an object."""
+    turn) checked, any other key but role and content refused unless null (a client that sends back the
+    message it got sends `refusal: null`); the template gets `arguments` as an object."""
     role = m.get("role")
     allowed = {"role", "content"} | ({"tool_calls"} if role == "assistant" else set()) | \
         ({"tool_call_id"} if role == "tool" else set())
     for key in m:
-        if key not in allowed:
+        if key not in allowed and m[key] is not None:
             raise APIError(400, f"'{where}.{key}' is not supported by this server for role {role!r} (messages take "
                            "'role' and 'content'; tool results 'tool_call_id', assistant turns 'tool_calls')",
                            param=f"{where}.{key}", code="unsupported_parameter")
@@ -140,8 +143,11 @@ def _check_call(c, where: str) -> dict:
     if not isinstance(c, dict) or c.get("type", "function") != "function" or not isinstance(c.get("function"), dict):
         raise _bad(f"'{where}' must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", where)
     f = c["function"]
-    if not isinstance(f.get("name"), str):
-        raise _bad(f"'{where}.function.name' must be a string", f"{where}.function.name")
+    if not isinstance(c.get("id"), str) or not c["id"]:
+        raise _bad(f"'{where}.id' is required (a non-empty string: the tool result's tool_call_id names it)",
+                   f"{where}.id")
+    if not isinstance(f.get("name"), str) or not f["name"]:
+        raise _bad(f"'{where}.function.name' is required (a non-empty string)", f"{where}.function.name")
     args = f.get("arguments", "{}")
     if isinstance(args, str):
         try:
@@ -149,8 +155,19 @@ def _check_call(c, where: str) -> dict:
         except ValueError:
             raise _bad(f"'{where}.function.arguments' is not valid JSON", f"{where}.function.arguments") from None
     if not isinstance(args, dict):
-        raise _bad(f"'{where}.function.arguments' must be a JSON object", f"{where}.function.arguments")
+        raise _bad(f"'{where}.function.arguments' must be a JSON object (or its JSON text), got "
+                   f"{type(args).__name__}", f"{where}.function.arguments")
     return {"id": c.get("id"), "type": "function", "function": {"name": f["name"], "arguments": args}}
+
+
+def check_history(messages: list[dict]) -> None:
+    """Each tool result answers a call an earlier assistant turn made (its tool_call_id is that call's id)."""
+    ids: set[str] = set()
+    for i, m in enumerate(messages):
+        ids.update(c["id"] for c in m.get("tool_calls", ()))
+        if m["role"] == "tool" and m["tool_call_id"] not in ids:
+            raise _bad(f"'messages[{i}].tool_call_id' {m['tool_call_id'][:40]!r} answers no tool call of an earlier "
+                       "assistant message", f"messages[{i}].tool_call_id")
 
 
 # ---------------------------------------------------------------------------------- prompt
@@ -182,8 +199,9 @@ def _marker(tokenizer, text: str) -> str:
     return f"<[{tid}]>" if tid is not None else json.dumps(text)
 
 
-def tool_grammar(tokenizer, tools: list[dict], choice: str, parallel: bool = True) -> str | None:
-    """The Lark grammar of the answer under `tool_choice` (None: unconstrained)."""
+def tool_grammar(tokenizer, tools: list[dict], choice: str, parallel: bool = False) -> str | None:
+    """The Lark grammar of the answer under `tool_choice` (None: unconstrained): one call, or with
+    `parallel` up to MAX_CALLS."""
     if choice == "none" or not tools:
         return None
     chosen = [t for t in tools if choice in ("auto", "required") or t["function"]["name"] == choice]
@@ -193,7 +211,7 @@ def tool_grammar(tokenizer, tools: list[dict], choice: str, parallel: bool = Tru
     body = dict(bodies[0] if len(bodies) == 1 else {"anyOf": bodies}, **{"x-guidance": JSON_OPTIONS})
     many = parallel and choice in ("auto", "required")
     lines = [f"start: calls{' | TEXT' if choice == 'auto' else ''}",
-             'calls: call ("\\n" call)*' if many else "calls: call",
+             f'calls: call ("\\n" call)~0..{MAX_CALLS - 1}' if many else "calls: call",
              f'call: {_marker(tokenizer, OPEN)} "\\n" body "\\n" {_marker(tokenizer, CLOSE)}',
              "body: %json " + json.dumps(body)]
     if choice == "auto":
@@ -219,99 +237,3 @@ def constraint(dec, req) -> dict | None:
     except GenerationError as exc:
         raise _bad(f"'{param}': {exc}", param) from None
     return kw
-
-
-# ---------------------------------------------------------------------------------- the answer
-def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """(content, tool_calls) of an answer: every <tool_call> block whose body is a JSON object with a
-    name becomes a call (arguments as JSON text); the rest is the content (None if nothing is left)."""
-    calls = []
-    for m in _CALL.finditer(text):
-        try:
-            obj = json.loads(m.group(1))
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-            head = '{"name": ' + json.dumps(obj["name"]) + ToolCallStream.MID[1:]
-            body = m.group(1)          # the arguments as generated (as ToolCallStream sends them), if laid out so
-            args = body[len(head):-1] if body.startswith(head) and body.endswith("}") else \
-                json.dumps(obj.get("arguments", {}), ensure_ascii=False)
-            calls.append({"id": _call_id(), "type": "function", "function": {"name": obj["name"], "arguments": args}})
-    if not calls:
-        return text, []
-    rest = _CALL.sub("", text).strip()
-    return rest or None, calls
-
-
-class ToolCallStream:
-    """Streamed text -> OpenAI tool-call deltas, as it is generated. The grammar fixes the layout:
-    `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`, calls separated by "\n"; the
-    name is sent once it is complete, ARGS in pieces (held back by the length of the closing text)."""
-    HEAD = OPEN + '\n{"name": "'
-    MID = '", "arguments": '
-    TAIL = "}\n" + CLOSE
-
-    def __init__(self):
-        self.buf = ""
-        self.index = -1
-        self.state = "start"          # start | text | head | args
-        self.sent = 0                 # args characters sent for the current call
-
-    def feed(self, delta: str) -> list[dict]:
-        """Delta objects ({"content": ...} or {"tool_calls": [...]}) for the next piece of text."""
-        self.buf += delta
-        out = []
-        while True:
-            if self.state == "start":
-                if self.called:                   # the "\n" between two calls
-                    self.buf = self.buf.lstrip("\n")
-                if not self.buf:
-                    return out
-                if self.buf[0] != "<":
-                    self.state = "text"
-                    continue
-                if len(self.buf) < len(self.HEAD):
-                    return out
-                self.state = "head"
-            if self.state == "text":
-                if self.buf:
-                    out.append({"content": self.buf})
-                self.buf = ""
-                return out
-            if self.state == "head":
-                end = self.buf.find(self.MID, len(self.HEAD))
-                if end < 0:
-                    return out
-                self.index += 1
-                name = self.buf[len(self.HEAD):end]
-                out.append({"tool_calls": [{"index": self.index, "id": _call_id(), "type": "function",
-                                            "function": {"name": name, "arguments": ""}}]})
-                self.buf = self.buf[end + len(self.MID):]
-                self.state = "args"
-            if self.state == "args":
-                end = self.buf.find(self.TAIL)
-                ready = self.buf[:end] if end >= 0 else self.buf[:max(0, len(self.buf) - len(self.TAIL))]
-                if ready:
-                    out.append({"tool_calls": [{"index": self.index, "function": {"arguments": ready}}]})
-                if end < 0:
-                    self.buf = self.buf[len(ready):]
-                    return out
-                self.buf = self.buf[end + len(self.TAIL):]
-                self.state = "start"
-
-    def finish(self) -> list[dict]:
-        """What is left at the end (a cut answer's tail)."""
-        rest, self.buf = self.buf, ""
-        if not rest:
-            return []
-        if self.state == "args":
-            return [{"tool_calls": [{"index": self.index, "function": {"arguments": rest}}]}]
-        return [{"content": rest}]
-
-    @property
-    def called(self) -> bool:
-        return self.index >= 0

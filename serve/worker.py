@@ -2,7 +2,9 @@
 
 The worker owns the only `SpeculativeDecoder` (no second model copy). A `Job` carries token ids and
 generation settings in, and events out to the asyncio side (`loop.call_soon_threadsafe`):
-("start", None), ("delta", str), ("done", Outcome) or ("error", APIError). A job can be cancelled at
+("start", None), ("delta", str), ("done", Outcome) or ("error", APIError). A job answering with tool
+calls carries a `guard` (serve/calls.CallGuard): the text goes through it, and it may end the
+generation (a repeated call). A job can be cancelled at
 any time (client gone, server shutting down, deadline passed): a queued job is dropped, a running one
 stops before its next round, and the decoder's next generation starts from scratch.
 """
@@ -30,8 +32,9 @@ class Outcome:
 
 class Job:
     def __init__(self, prompt_ids: list[int], settings: dict, deadline: float, loop: asyncio.AbstractEventLoop,
-                 deltas: bool = True):
+                 deltas: bool = True, guard=None):
         self.prompt_ids, self.settings, self.deadline = prompt_ids, settings, deadline
+        self.guard = guard            # serve/calls.CallGuard, or None
         self.deltas = deltas          # False: only start/done/error are posted (a non-streamed request)
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
@@ -151,22 +154,33 @@ class Worker:
         except EdgespecError as exc:
             return "error", APIError(400, str(exc))
         job.post("start", {"queue_ms": queue_ms})
-        reason = None
+        reason, guard = None, job.guard
         try:
             for delta in stream:
-                if job.deltas:
+                if guard is not None:
+                    delta = guard.feed(delta)
+                if job.deltas and delta:
                     job.post("delta", delta)
+                if guard is not None and guard.done:     # a repeated tool call: the answer ends before it
+                    reason = "stop"
+                    break
                 if job.cancelled.is_set():
                     reason = job.cancel_reason
                     break
                 if time.monotonic() >= job.deadline:
                     reason = "timeout"
                     break
-        except EdgespecError as exc:
-            return "error", APIError(400, str(exc))
+        except EdgespecError as exc:      # mid-generation: the client's deltas so far stand
+            return "error", APIError(500, f"the generation failed: {exc}", code="generation_error")
         finally:
             stream.close()
         res = self.dec.last_result
+        text = res.text
+        if guard is not None:             # an unfinished call (cut by max_tokens) is never sent
+            rest = guard.finish()
+            if job.deltas and rest:
+                job.post("delta", rest)
+            text = guard.text
         st = res.stats
         reason = reason or st.stop_reason
         ext = {"strategy": st.strategy, "draft_length": st.draft_length,
@@ -174,5 +188,5 @@ class Worker:
                "decode_tokens_per_s": st.decode_tokens_per_s, "ttft_ms": st.ttft_ms, "total_ms": st.total_ms,
                "queue_ms": queue_ms, "queue_position": job.position, "stop_reason": reason}
         self.last = {"stop_reason": reason, "completion_tokens": len(res.token_ids), "total_ms": st.total_ms}
-        return "done", Outcome(text=res.text, prompt_tokens=len(res.prompt_token_ids),
+        return "done", Outcome(text=text, prompt_tokens=len(res.prompt_token_ids),
                                completion_tokens=len(res.token_ids), stop_reason=reason, ext=ext)

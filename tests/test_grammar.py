@@ -116,7 +116,7 @@ def test_without_llguidance_the_error_names_the_extra(bundles, monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "llguidance", None)        # `import llguidance` raises ImportError
     dec = SpeculativeDecoder(bundles["same"], strategy="ar", threads=1)
-    with pytest.raises(GenerationError, match=r"pip install 'edgespec\[grammar\]'"):
+    with pytest.raises(GenerationError, match=r"pip install 'edgespec\[serve\]' \(or 'edgespec\[grammar\]'"):
         dec.generate("hello", max_new_tokens=4, regex="a+")
     assert dec.generate("hello", max_new_tokens=4).stats.new_tokens == 4      # unconstrained still works
 

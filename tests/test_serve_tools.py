@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from edgespec.serve.tools import ToolCallStream, parse_tool_calls, template_takes_tools, tool_grammar
+from edgespec.serve.tools import CallGuard, ToolCallStream, parse_tool_calls, template_takes_tools, tool_grammar
 
 TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "note": "a}\\n</b"}}\n</tool_call>\n'
              '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>')
@@ -54,3 +54,51 @@ def test_tool_grammar_and_template_detection():
     assert tool_grammar(tok, TOOLS, "none") is None
     assert template_takes_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
     assert not template_takes_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+# ------------------------------------------------------------------------------------- CallGuard
+CALL_A = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+CALL_B = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+CALL_A_AGAIN = '<tool_call>\n{"name": "add", "arguments": {"b": 3, "a": 2}}\n</tool_call>'   # same call, keys reordered
+
+
+def _guard(text, parallel, step):
+    g = CallGuard(parallel)
+    out = ""
+    for i in range(0, len(text), step):
+        out += g.feed(text[i:i + step])
+        if g.done:
+            break
+    return g, out + g.finish()
+
+
+@pytest.mark.parametrize("step", [1, 3, 11, 1000])
+def test_a_repeated_call_ends_the_answer_before_it(step):
+    g, out = _guard("\n".join([CALL_A, CALL_B, CALL_A_AGAIN, CALL_B]), True, step)
+    assert g.done and out == g.text and out.rstrip("\n") == CALL_A + "\n" + CALL_B
+    assert [c["function"]["name"] for c in parse_tool_calls(out)[1]] == ["add", "get_weather"]
+
+
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_a_half_written_call_is_never_released(step):
+    cut = CALL_A + "\n" + CALL_B[:30]
+    for parallel in (True, False):
+        g, out = _guard(cut, parallel, step)
+        assert not g.done and out == CALL_A + "\n"
+        assert len(parse_tool_calls(out)[1]) == 1
+    g, out = _guard(CALL_B[:-3], False, step)
+    assert out == "" and parse_tool_calls(out) == ("", [])
+
+
+def test_text_passes_the_guard_as_it_comes():
+    g = CallGuard(False)
+    assert g.feed("The answer") == "The answer" and g.feed(" is 5 <") == " is 5 " and g.feed("3.") == "<3."
+    assert g.finish() == "" and g.text == "The answer is 5 <3."
+
+
+def test_one_call_unless_parallel_in_the_grammar():
+    import tinymodels  # the tokenizers only, no models
+    tok = tinymodels.tiny_tokenizers()["bytelevel"]
+    assert "\ncalls: call\n" in tool_grammar(tok, TOOLS, "required")            # the default: one call
+    assert '\ncalls: call ("\\n" call)~0..7\n' in tool_grammar(tok, TOOLS, "required", parallel=True)
+    assert "\ncalls: call\n" in tool_grammar(tok, TOOLS, "add", parallel=True)  # a named function: one call
