@@ -363,7 +363,7 @@ class SpeculativeDecoder:
         text_state = TextState(self.bundle.target.tokenizer, stops)
         reason = "interrupted"
         finished = False
-        kv_ids = failed = None
+        kv_ids = None
         yield ""
         try:
             new = gen.prefill()
@@ -381,9 +381,8 @@ class SpeculativeDecoder:
                     break
                 new = gen.round()
             finished = True
-        except GenerationError as exc:      # mid-generation (one line): the output so far is kept, in exc.result too
-            reason, failed = "error", exc
-            text_state.update(gen.generated, reason)
+        except GenerationError:             # mid-generation (one line): the output so far stays, in last_result
+            reason = text_state.update(gen.generated, "error")
             raise
         finally:
             gen.finish(reason, finished, kv_ids)
@@ -392,8 +391,6 @@ class SpeculativeDecoder:
                 self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,
                     token_ids=list(gen.generated), stats=gen.stats, prompt_token_ids=prompt_ids)
-            if failed is not None:
-                failed.result = self.last_result
 
 
 def _prepare_text(bundle: Bundle) -> None:

@@ -89,7 +89,7 @@ Environment
 - `fallbacks`: notes for each session whose requested EP was not active (allow_fallback=True).
 - `stop_reason`: "eos", "stop" (a stop string), "length" (max_new_tokens), "interrupted"
   (a stream closed by the caller), or "error" (a GenerationError mid-generation: the output so far is
-  the result's, which the error carries as `result`).
+  the decoder's `last_result`).
 """
 from __future__ import annotations
 
