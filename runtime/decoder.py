@@ -361,9 +361,7 @@ class SpeculativeDecoder:
                          jump_forward=bool(jump_forward))
         self._last_generation = gen          # for debugging and the profiler
         text_state = TextState(self.bundle.target.tokenizer, stops)
-        reason = "interrupted"
-        finished = False
-        kv_ids = None
+        reason, finished, kv_ids = "interrupted", False, None
         yield ""
         try:
             new = gen.prefill()
