@@ -25,7 +25,7 @@ def main() -> None:
         ap.add_argument(flag, default=default, type=type(default))
     args = ap.parse_args()
     prompts = load_prompts(args.prompts, args.split)
-    auto = SpeculativeDecoder(args.bundle, threads=args.threads, options={"prefix_reuse": False})
+    auto = SpeculativeDecoder(args.bundle, threads=args.threads, options={"prefix_reuse": False, "answer_store_mb": 0})
     rows = {"auto": auto, "ar-fast": auto.variant("ar", plain_steps="fast"), "ngram": auto.variant("ngram"),
             "ar": auto.variant("ar")}
     print(auto.planning.current().describe(), flush=True)

@@ -214,7 +214,7 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
                                   prefill_graph=s.prefill_graph,
                                   options=dict(draft_ep=s.draft_ep, draft_threads=s.draft_threads,
                                                max_draft_length=s.max_draft_length, prefix_reuse=False,
-                                               defer_drafter=False, **options))
+                                               answer_store_mb=0, defer_drafter=False, **options))
         for key in family:                    # a row without draft_confidence has none
             out[key] = base if key == first else \
                 base.variant(rows[key[0]][0], _decoder_length(key[1]), **{"draft_confidence": None, **rows[key[0]][1]})

@@ -16,6 +16,7 @@ from typing import Mapping
 import numpy as np
 
 from edgespec.errors import GenerationError
+from edgespec.runtime.answer_store import DEFAULT_STORE_MB, check_store_mb
 from edgespec.runtime.checks import (DEFAULT_DRAFTER_WINDOW, DEFAULT_MAX_DRAFT_LENGTH, check_draft_length,
                                      check_drafter_window, check_plain_steps, check_strategy_options)
 from edgespec.runtime.rounds import draft_tokens
@@ -106,7 +107,9 @@ class DecodeConfig:
 
 # SpeculativeDecoder(options=...): DecodeConfig's tuning fields, these session settings (their defaults),
 # and the strategy options (Strategy.options); docs/runtime.md, "Options".
-SESSION_OPTIONS = {"draft_ep": None, "draft_threads": None, "defer_drafter": True}
+# answer_store_mb: the decoder's answer store (answer_store.py), shared by its variants; 0: off
+SESSION_OPTIONS = {"draft_ep": None, "draft_threads": None, "defer_drafter": True,
+                   "answer_store_mb": DEFAULT_STORE_MB}
 TUNING_OPTIONS = tuple(f.name for f in fields(DecodeConfig)
                        if f.name not in ("strategy", "draft_length", "draft_probability", "options"))
 
@@ -145,4 +148,5 @@ def check_decoder_settings(strategy="auto", draft_length="auto", threads=None, d
                           options=strategy_options, **tuning)
     check_threads(threads)
     check_threads(session["draft_threads"], "draft_threads")
+    check_store_mb(session["answer_store_mb"])
     return config, session

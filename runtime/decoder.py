@@ -70,7 +70,7 @@ class SpeculativeDecoder:
         # knobs and strategy options (config.split_options); `deprecated`: their keyword form of earlier releases
         config, session = check_decoder_settings(strategy, draft_length, threads, draft_probability,
                                                  options=with_deprecated(options, deprecated))
-        draft_ep, draft_threads, defer_drafter = (session[k] for k in SESSION_OPTIONS)
+        draft_ep, draft_threads, defer_drafter, store_mb = (session[k] for k in SESSION_OPTIONS)
         if not isinstance(bundle, Bundle):
             bundle = Bundle.load(bundle)
         self.bundle = bundle
@@ -135,7 +135,7 @@ class SpeculativeDecoder:
             else:
                 drafter = self._drafter_runner(sessions[0])
             text_context = drafter_context(bundle)          # token tables: built once per decoder
-        self._shared = Shared(bundle, target, drafter, text_context, target_session_info)
+        self._shared = Shared(bundle, target, drafter, text_context, target_session_info, store_mb)
         self._configure(config)
 
     def _configure(self, config: DecodeConfig) -> None:
@@ -303,7 +303,7 @@ class SpeculativeDecoder:
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = None,
                  chat: bool = False, **constraint) -> GenerationResult:
-        """`constraint`: structured output (docs/structured-output.md), e.g. json_schema=..."""
+        """`constraint`: structured output (docs/structured-output.md); `draft_scope`: docs/runtime.md."""
         with self._shared.lock:      # calls on one decoder (and its variants) run one at a time
             for _ in self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=False,
                                **constraint):
@@ -342,7 +342,7 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ the loop
     def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=True,
-             jump_forward: bool = True, **constraint):
+             jump_forward: bool = True, draft_scope: str | None = None, **constraint):
         """The generator behind generate() and stream(). With incremental=False (generate without stop
         strings) the text is decoded once at the end instead of after every round."""
         t_start = time.perf_counter()
@@ -358,7 +358,7 @@ class SpeculativeDecoder:
         randomised = dec.config.draft_probability is not None and not params.greedy and grammar is None
         gen = Generation(self._shared, dec.setup, prompt_ids, params, make_rng(seed), int(max_new_tokens), t_start,
                          propose=draft_randomised if randomised else None, grammar=grammar,
-                         jump_forward=bool(jump_forward))
+                         jump_forward=bool(jump_forward), scope=draft_scope)
         self._last_generation = gen          # for debugging and the profiler
         text_state = TextState(self.bundle.target.tokenizer, stops)
         reason, finished, kv_ids = "interrupted", False, None

@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 
 from edgespec.errors import GenerationError
+from edgespec.runtime.answer_store import check_scope
 from edgespec.runtime.context import DrafterContext, DrafterWindow
 from edgespec.runtime.grammar import GrammarState, mask_distribution, mask_logits, masked_greedy
 from edgespec.runtime.lookup import DEFAULT_MAX_N
@@ -29,7 +30,8 @@ class Generation:
 
     def __init__(self, shared, setup, prompt_ids: list[int], params: SamplingParams, rng: np.random.Generator,
                  max_new_tokens: int, started: float | None = None, propose: Callable | None = None,
-                 grammar: GrammarState | None = None, jump_forward: bool = True):
+                 grammar: GrammarState | None = None, jump_forward: bool = True, scope: str | None = None):
+        self.draft_scope = check_scope(scope)   # the answer store's partition this call reads and records into
         shared.generation += 1
         self.shared, self.setup = shared, setup
         self.id = shared.generation          # a newer generation on the same runners supersedes this one
@@ -101,6 +103,8 @@ class Generation:
                 kv_ids = kv_ids[:len(self.prompt_ids)]
                 self.target.crop(len(kv_ids))
             self.shared.prefix.remember(kv_ids, dc.ids if dc else None, dc.window if dc else None)
+        if completed:                 # only a completed answer drafts for later calls (answer_store.py)
+            self.shared.answers.record(self.prompt_ids, self.generated, self.draft_scope)
 
     # -- phases
     def prefill(self) -> list[int]:

@@ -1,9 +1,13 @@
 """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's last n tokens.
-ngram.py drafts with it; rounds.py's plain steps take one free guess from it (`plain_step`)."""
+ngram.py drafts with it; rounds.py's plain steps take one free guess from it (`plain_step`). Beside it,
+`with_store` offers the answer store's continuation (answer_store.py: earlier requests' text) where that
+matches a longer suffix."""
 from __future__ import annotations
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+from edgespec.runtime.answer_store import MAX_MATCH
 
 DEFAULT_MAX_N = 4           # the longest suffix searched (ngram_max_n)
 LOOKBACK = 4096             # search the last tokens only: O(LOOKBACK) per round
@@ -21,6 +25,16 @@ def lookup(history: np.ndarray, max_n: int, gamma: int, min_n: int = 1) -> tuple
             start = int(hits[-1]) + n
             return hist[start:start + gamma].tolist(), n
     return [], 0
+
+
+def with_store(store, scope, history: np.ndarray, found: list[int], n: int, limit: int) -> tuple[list[int], int, bool]:
+    """(tokens, match length, from the store): the answer store's continuation (at most as long as its
+    match, and `limit`) when its match is longer than the prompt lookup's n, else (found, n). A store
+    that is off, or has nothing for this scope, changes nothing."""
+    if store is None or not store.docs:
+        return found, n, False
+    got, m = store.lookup(history[-MAX_MATCH:].tolist(), limit, scope)
+    return (got, m, True) if m > n else (found, n, False)
 
 
 def guess_record(prompt_ids, output_ids, max_n: int = DEFAULT_MAX_N, limit: int = 512) -> tuple[int, int]:

@@ -14,6 +14,11 @@ never pays for its prefill or for catching up on the copied text (about 3.5 ms a
 except where a match of 2+ tokens exists. The rate starts at 1, so a prompt that is copied never
 starts the drafter. All of it is a function of committed tokens, so every round stays a valid
 speculative round.
+
+Beside the prompt, the decoder's answer store (answer_store.py: earlier requests' prompts and answers,
+in this call's draft_scope) is searched each round; its continuation replaces the prompt's when it
+matches a longer suffix, as long as its match (lookup.with_store). Its drafts are one-hot like the
+prompt's (the same argument), and are booked in stats' store_drafted / store_accepted.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.lookup import DEFAULT_MAX_N, lookup
+from edgespec.runtime.lookup import DEFAULT_MAX_N, lookup, with_store
 from edgespec.runtime.rounds import Draft, draft_tokens, lookup_draft
 
 COMBINED_MIN_N = 2          # ngram-tli in drafter mode: a 1-token match is a weaker guess than the drafter's
@@ -44,10 +49,12 @@ class LookupState:
     hit_rate: float = 1.0           # EMA of "the lookup found a match of COMBINED_MIN_N+ tokens"
     found: list[int] = field(default_factory=list)     # this round's continuation, up to the draft length
     plain: bool = False             # ngram-tli in lookup mode: a round without a usable match is a plain step
+    stored: bool = False            # this round's continuation comes from the answer store
 
     def begin_round(self, gen) -> None:
         history = np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64)
         found, n = lookup(history, self.max_n, gen.config.gamma)
+        found, n, self.stored = with_store(gen.shared.answers, gen.draft_scope, history, found, n, gen.config.gamma)
         if gen.drafter is None:
             self.found = found
             return
@@ -75,5 +82,5 @@ def propose(gen, gamma: int) -> Draft:
     state = gen.strategy_state
     found = state.found[:gamma]
     if found or gen.drafter is None or state.plain:
-        return lookup_draft(gen, found)
+        return lookup_draft(gen, found, store=state.stored and bool(found))
     return draft_tokens(gen, gamma)

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from edgespec.runtime.grammar import mask_logits
-from edgespec.runtime.lookup import lookup
+from edgespec.runtime.lookup import lookup, with_store
 from edgespec.runtime.sampling import probabilities, sample
 from edgespec.runtime.verify import verify_greedy, verify_sampled
 
@@ -45,6 +45,7 @@ class Draft:
     keep: list[int] = field(default_factory=list)
     refeed: bool = False
     guess: bool = False                 # a plain step's free guess (plain_step), not the strategy's draft
+    store: bool = False                 # drafted from the answer store (lookup.with_store)
     forced: int = 0                     # leading tokens the grammar forced (jump-forward), not the strategy's draft
     finish: Callable[[], None] = _nothing
 
@@ -137,11 +138,11 @@ def draft_tokens(gen: "Generation", gamma: int) -> Draft:
     return draft
 
 
-def lookup_draft(gen: "Generation", tokens: list[int], guess: bool = False) -> Draft:
+def lookup_draft(gen: "Generation", tokens: list[int], guess: bool = False, store: bool = False) -> Draft:
     """A draft of given target ids (prompt lookup: ngram.py, plain_step): q is one-hot on each. The
     drafter's context does not take them while drafting; the accepted ones enter it at commit (refeed)."""
     keep = len(gen.drafter_ctx.ids) if gen.drafter_ctx is not None else 0
-    draft = Draft(tokens=list(tokens), keep=[keep] * (len(tokens) + 1), refeed=True, guess=guess)
+    draft = Draft(tokens=list(tokens), keep=[keep] * (len(tokens) + 1), refeed=True, guess=guess, store=store)
     if not gen.params.greedy:
         draft.q = gen.q_rows[:len(tokens)]
         for j, x in enumerate(tokens):
@@ -153,14 +154,16 @@ def lookup_draft(gen: "Generation", tokens: list[int], guess: bool = False) -> D
 def plain_step(gen: "Generation", guess: bool) -> Draft:
     """A round without drafts (gamma = 0). With `guess`, its forward also carries a guess of the token
     after next: the token that followed the latest earlier occurrence of the context's last n tokens
-    (lookup.py), verified like any draft. A kept guess commits 2 tokens for one forward. Where the target
-    pads a 1-token step anyway (kv.py: min_forward_tokens) the guess takes the padded position and costs
-    nothing; elsewhere it makes the forward 2 tokens wide, and the governor decides whether that pays
-    (Governor.guess_pays). No match, or no room for 2 tokens: a plain step."""
+    (lookup.py; or in earlier answers: lookup.with_store), verified like any draft. A kept guess commits
+    2 tokens for one forward. Where the target pads a 1-token step anyway (kv.py: min_forward_tokens) the
+    guess takes the padded position and costs nothing; elsewhere it makes the forward 2 tokens wide, and
+    the governor decides whether that pays (Governor.guess_pays). No match, or no room for 2 tokens: a plain step."""
     if guess and gen.max_new_tokens - len(gen.generated) >= 2:
-        found, _ = lookup(np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64), gen.lookup_max_n, 1)
+        history = np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64)
+        found, n = lookup(history, gen.lookup_max_n, 1)     # or the answer store's, matching longer:
+        found, n, stored = with_store(gen.shared.answers, gen.draft_scope, history, found, n, 1)
         if found:
-            return lookup_draft(gen, found, guess=True)
+            return lookup_draft(gen, found, guess=True, store=stored)
     return draft_tokens(gen, 0)
 
 
@@ -193,6 +196,8 @@ def commit(gen: "Generation", draft: Draft, n_acc: int, t: int) -> None:
         gen.grammar.commit(n_acc, t)
     if draft.forced:                    # the grammar's forced tokens: booked apart (stats.py)
         gen.stats.record_forced(draft.forced, min(n_acc, draft.forced))
+    if draft.store:                     # the answer store's drafts (or guess): booked apart too (stats.py)
+        gen.stats.record_store(len(draft.tokens), n_acc)
     if draft.guess:                     # not the strategy's draft: booked apart (stats.py)
         gen.stats.record_block(0, 0)
         gen.stats.record_guess(n_acc)

@@ -2,8 +2,9 @@
 never the decoder):
 
 - `Shared`: what outlives one generation and is shared by a decoder and all its variants: the KV runners,
-  the drafter's token tables, the prefix cache, the worker thread for drafter forwards beside the verify,
-  the generation counter and the lock that serialises calls;
+  the drafter's token tables, the prefix cache, the answer store (earlier requests' answers, which draft
+  for later ones: answer_store.py), the worker thread for drafter forwards beside the verify, the
+  generation counter and the lock that serialises calls;
 - `Setup`: one variant's: its checked config, what its strategy precomputed once (`Strategy.prepare`),
   its draft-length governors and its per-round arrays.
 """
@@ -13,13 +14,15 @@ import threading
 
 import numpy as np
 
+from edgespec.runtime.answer_store import DEFAULT_STORE_MB, AnswerStore
 from edgespec.runtime.governor import Governor
 from edgespec.runtime.prefix import PrefixCache
 from edgespec.runtime.randomised import SideRunner
 
 
 class Shared:
-    def __init__(self, bundle, target, drafter=None, text_context=None, target_session_info=None):
+    def __init__(self, bundle, target, drafter=None, text_context=None, target_session_info=None,
+                 answer_store_mb: float = DEFAULT_STORE_MB):
         self.bundle = bundle
         self.target = target                   # kv.ModelRunner
         self.drafter = drafter                 # kv.ModelRunner or kv.DeferredRunner, None without one
@@ -27,6 +30,7 @@ class Shared:
         self.target_session_info = target_session_info
         self.eos_ids = frozenset(bundle.target.eos_ids)
         self.prefix = PrefixCache()            # what the runners' KV holds (prefix reuse)
+        self.answers = AnswerStore(int(answer_store_mb * 2**20))   # completed generations (Generation.finish)
         self.generation = 0                    # number of the newest generation
         self.grammar_tokenizer = None          # grammar.start_constraint's, built at the first constrained call
         self.lock = threading.Lock()           # calls on a decoder and its variants run one at a time

@@ -17,6 +17,9 @@ Counts
 - `guesses`, `guesses_accepted`: plain steps (gamma = 0) of a speculative strategy that carried a
   prompt-lookup guess (rounds.plain_step, `plain_guess`), and how many the target kept. Not in `drafted`/`accepted` (the strategy's own drafts) nor in the per-step lists (0 there);
   a kept guess is a committed token, so it is in `tau`.
+- `store_drafted`, `store_accepted`: drafts (and guesses) that came from the decoder's answer store
+  (earlier calls' answers: runtime/answer_store.py) and how many the target kept; a part of
+  `drafted`/`accepted` (or of `guesses`/`guesses_accepted`), not more of them.
 - `forced`, `forced_accepted`, `forced_rounds`: constrained decoding (runtime/grammar.py): tokens the
   grammar forced, drafted for free (rounds.forced_round: no drafter forward), how many the target kept,
   and the rounds that drafted them. Not in `drafted`/`accepted` (0 in the per-step lists); kept ones
@@ -112,6 +115,8 @@ class GenerationStats:
     accepted: int = 0
     guesses: int = 0
     guesses_accepted: int = 0
+    store_drafted: int = 0
+    store_accepted: int = 0
     forced: int = 0
     forced_accepted: int = 0
     forced_rounds: int = 0
@@ -199,6 +204,11 @@ class GenerationStats:
         """Book a plain step's guess (rounds.plain_step): kept (1) or not (0)."""
         self.guesses += 1
         self.guesses_accepted += accepted
+
+    def record_store(self, drafted: int, accepted: int) -> None:
+        """Book a round's drafts from the answer store (rounds.commit)."""
+        self.store_drafted += drafted
+        self.store_accepted += accepted
 
     def record_forced(self, drafted: int, accepted: int) -> None:
         """Book a round of the grammar's forced tokens (rounds.forced_round)."""

@@ -8,6 +8,7 @@ generation does, so queue and start errors are still plain HTTP statuses.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import time
@@ -52,6 +53,12 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
             raise APIError(401, "Incorrect API key provided" if auth else
                            "You didn't provide an API key: send it as 'Authorization: Bearer KEY'",
                            code="invalid_api_key")
+
+    def draft_scope(request: Request) -> str | None:
+        """The answer store's partition (runtime/answer_store.py): the API key's hash, so that one key's
+        answers never draft for another's; None (one shared store) on a server without keys."""
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        return "key:" + hashlib.sha256(token.encode()).hexdigest() if settings.api_key is not None else None
 
     async def read_json(request: Request):
         size = request.headers.get("content-length")
@@ -121,7 +128,8 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
                 raise APIError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
             n = budget(req, len(ids))
             job = Job(ids, dict(max_new_tokens=n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                                seed=req.seed, stop=req.stop or None, **(constraint or {})),
+                                seed=req.seed, stop=req.stop or None, draft_scope=draft_scope(request),
+                                **(constraint or {})),
                       time.monotonic() + settings.timeout, asyncio.get_running_loop(), deltas=req.stream,
                       guard=tools.CallGuard(req.parallel_tool_calls) if calling(req) else None)
             worker.submit(job)

@@ -27,6 +27,8 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="seconds a request may take, queue wait included (default 300)")
     p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES", help="largest request body (default 1 MiB)")
+    p.add_argument("--no-cross-request", action="store_true",
+                   help="no answer store: earlier requests' answers never draft for later ones (docs/runtime.md)")
     p.set_defaults(func=_serve)
 
     c = subparsers.add_parser(

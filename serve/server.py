@@ -30,8 +30,9 @@ def make_decoder(bundle, args, defer_drafter: bool = True) -> SpeculativeDecoder
     gamma = args.draft_length
     if gamma == "auto" and not get_strategy(args.strategy).speculative:
         gamma = 1
+    store = {"answer_store_mb": 0} if getattr(args, "no_cross_request", False) else {}    # serve --no-cross-request
     return decoder_from_args(args, bundle, draft_length=gamma,
-                             options={"defer_drafter": defer_drafter, **decoder_options(args)})
+                             options={"defer_drafter": defer_drafter, **decoder_options(args), **store})
 
 
 def check_args(args) -> None:

@@ -25,7 +25,9 @@ def plain_only(monkeypatch):
 @pytest.fixture(scope="module")
 def int4(tiny_int4_bundle):
     b = Bundle.load(tiny_int4_bundle)
-    dec = SpeculativeDecoder(b, strategy="tli", draft_length="auto", threads=1, options={"defer_drafter": False})
+    # the prompt's guesses alone, none from earlier answers (answer_store.py)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length="auto", threads=1,
+                             options={"defer_drafter": False, "answer_store_mb": 0})
     assert dec.target.min_tokens == 2, "the tiny int4 target must pad 1-token steps for these tests"
     return b, dec
 
