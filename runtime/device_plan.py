@@ -19,7 +19,7 @@ on the prompts this app sends keeps being measured. Inside a generation the draf
 between drafter rounds and plain steps round by round (runtime/governor.py); a generation's choice
 between exact and unpadded steps is made before it starts (the lossless rule, docs/runtime.md).
 
-Without a cached profile ($EDGESPEC_DEVICE_PROFILE=auto, the CPU EP, a decoder made with strategy "auto",
+Without a cached profile ($EDGESPEC_DEVICE_PROFILE=auto, a decoder made with strategy "auto" on any EP,
 the one the plan is for) the profile is measured once, after the decoder's first generation ends, on a
 thread that holds the decoder's lock (a call that comes meanwhile waits for it): never in a first
 token's time. Its sessions are the decoder's where it has them (the step graph's, a built drafter's);
@@ -45,7 +45,6 @@ from statistics import median
 from edgespec.runtime.device_profile import ensure_profile, graph_paths, profile_mode
 from edgespec.runtime.lookup import guess_record
 from edgespec.runtime.plan import DRAFTER_MARGIN, KEEP_MARGIN, make_plan
-from edgespec.runtime.sessions import is_cpu_only
 
 MIN_REACHED = 64         # draft positions reached before the measured acceptance replaces the prior
 REPROBE_EVERY = 8        # generations without the drafter between two with it, once it stopped paying
@@ -152,7 +151,7 @@ class DevicePlanning:
         if self.profile is not None and self.plan.step_tokens >= 2 and len(output_ids) > 1:
             steps, kept = guess_record(prompt_ids, output_ids)
             self.guess_steps, self.guesses_kept = self.guess_steps + steps, self.guesses_kept + kept
-        if not (self.measure and self.measuring is None and profile_mode() == "auto" and is_cpu_only(self.ep)):
+        if not (self.measure and self.measuring is None and profile_mode() == "auto"):
             return
         remeasure = False
         if self.profile is not None:
@@ -188,7 +187,7 @@ class DevicePlanning:
                 sessions = {graph_paths(self.bundle)[self.plan.step_graph]: dec.target.session}
                 drafter = dec.drafter
                 drafter_session = None if drafter is None or drafter.pending else drafter.session
-                self.profile, measured = ensure_profile(self.bundle, self.threads, remeasure=remeasure,
+                self.profile, measured = ensure_profile(self.bundle, self.threads, remeasure=remeasure, ep=self.ep,
                                                         sessions=sessions, drafter_session=drafter_session)
                 if measured:
                     self.measure_note = f"device profile measured in {self.profile.measure_s:.1f} s"

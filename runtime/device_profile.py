@@ -24,7 +24,8 @@ the int4 Qwen2.5-Coder 1.5B's padded-attention graph is exact on a 2-core AVX-51
 `ensure_profile` reads the profile from <edgespec cache>/profiles/, or measures and writes it there.
 Its key holds the bundle's graph digests (the manifest's sha256 of each target graph and the drafter's),
 ONNX Runtime's version, the CPU signature (runtime/verdicts.py), the thread setting ("auto" or a pinned
-count) and the allowed cores, and is both the
+count), the allowed cores and the EP (a GPU's profile plans its decoders as the CPU's plans theirs), and
+is both the
 file's name and part of its content: a profile of another bundle, ORT, CPU or thread count is never
 read, and a damaged one is measured again, saying so in one line. runtime/plan.py turns a profile into
 a plan; `edgespec doctor` prints both.
@@ -139,12 +140,12 @@ def graph_paths(bundle) -> dict[str, Path]:
     return out
 
 
-def profile_key(bundle, threads: int | None) -> dict:
+def profile_key(bundle, threads: int | None, ep="cpu") -> dict:
     """What a profile is valid for: these graphs (their manifest digests), this ORT, CPU, thread setting and
     core count (a profile of `threads=None` chose its thread counts for this many cores)."""
     import onnxruntime as ort  # lazy, as everywhere in the runtime
 
-    from edgespec.runtime.sessions import allowed_cores
+    from edgespec.runtime.sessions import allowed_cores, resolve_providers
 
     files = bundle.manifest.get("files") or {}
     paths = dict(graph_paths(bundle))
@@ -155,7 +156,8 @@ def profile_key(bundle, threads: int | None) -> dict:
         rel = Path(path).relative_to(bundle.path).as_posix()
         digests[name] = (files.get(rel) or {}).get("sha256") or "?"
     return {"graphs": digests, "ort": ort.__version__, "cpu": cpu_signature(),
-            "threads": "auto" if threads is None else int(threads), "cores": allowed_cores()}
+            "threads": "auto" if threads is None else int(threads), "cores": allowed_cores(),
+            "ep": resolve_providers(ep)[0][0]}
 
 
 def profile_path(key: dict) -> Path:
@@ -163,10 +165,10 @@ def profile_path(key: dict) -> Path:
     return cache_home() / "profiles" / f"{name}.json"
 
 
-def load_profile(bundle, threads: int | None) -> DeviceProfile | None:
+def load_profile(bundle, threads: int | None, ep="cpu") -> DeviceProfile | None:
     """The cached profile for this bundle on this machine, None where there is none. A damaged one (or
     one whose key is not this one) is said in one line and ignored: it will be measured again."""
-    key = profile_key(bundle, threads)
+    key = profile_key(bundle, threads, ep)
     path = profile_path(key)
     if not path.is_file():
         return None
@@ -271,12 +273,14 @@ def scale_threads(step_ms_at, cores: int) -> tuple[dict[int, float], int]:
     return ms, best
 
 
-def measure_profile(bundle, threads: int | None, sessions: dict | None = None, drafter_session=None) -> DeviceProfile:
-    """Measure this machine's profile of `bundle` (module docstring). `sessions`: {graph path: ORT session}
-    already built (the decoder's), reused where their thread count is the one measured; other graphs and
-    counts get sessions of their own, freed after."""
+def measure_profile(bundle, threads: int | None, sessions: dict | None = None, drafter_session=None,
+                    ep="cpu") -> DeviceProfile:
+    """Measure this machine's profile of `bundle` on `ep` (module docstring; on another EP than the CPU's the
+    threads are not scaled and the prefill graph, a CPU graph, is left out). `sessions`: {graph path: ORT
+    session} already built (the decoder's), reused where their thread count is the one measured; other
+    graphs and counts get sessions of their own, freed after."""
     from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import allowed_cores, create_session, resolve_threads
+    from edgespec.runtime.sessions import allowed_cores, create_session, is_cpu_only, resolve_threads
 
     t0 = time.perf_counter()
     built = {(Path(p), _threads_of(s)): s for p, s in (sessions or {}).items()}
@@ -284,6 +288,9 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
         built[(Path(bundle.drafter.onnx), _threads_of(drafter_session))] = drafter_session
     ids = probe_ids(bundle, PREFIX + TAIL)
     paths = graph_paths(bundle)
+    cpu = is_cpu_only(ep)
+    if not cpu:
+        paths.pop("prefill", None)
     dids = None
     if bundle.drafter is not None:
         dids = bundle.drafter.tokenizer.encode(PROBE_TEXT, add_special_tokens=False).ids or [1]
@@ -292,13 +299,13 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
     def runner_at(path, n: int, role: str):
         sess = built.get((Path(path), n))
         if sess is None:
-            sess = built[(Path(path), n)] = create_session(path, "cpu", threads=n, role=role)[0]
+            sess = built[(Path(path), n)] = create_session(path, ep, threads=n, role=role)[0]
         side = "target" if role == "target" else "drafter"
         return ModelRunner(sess, side, (bundle.target if side == "target" else bundle.drafter).max_position,
                            exact=False)
 
     scaling, target_n, drafter_n = None, resolve_threads(threads), resolve_threads(threads)
-    if threads is None:
+    if threads is None and cpu:
         cores, first = allowed_cores(), next(paths[n] for n in GRAPHS if n in paths)
         target_ms, target_n = scale_threads(lambda n: probe_step(runner_at(first, n, "target"), ids), cores)
         scaling = {"target": target_ms, "target_threads": target_n}
@@ -324,7 +331,7 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
     drafter_ms = None
     if dids is not None:
         drafter_ms = probe_step(runner_at(bundle.drafter.onnx, drafter_n, "drafter"), dids, DRAFTER_STEPS)
-    return DeviceProfile(key=profile_key(bundle, threads), graphs=graphs, drafter_step_ms=drafter_ms,
+    return DeviceProfile(key=profile_key(bundle, threads, ep), graphs=graphs, drafter_step_ms=drafter_ms,
                          measure_s=round(time.perf_counter() - t0, 3),
                          measured_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), thread_scaling=scaling)
 
@@ -334,27 +341,27 @@ def _threads_of(session) -> int:
     return int(session.get_session_options().intra_op_num_threads)
 
 
-def ensure_profile(bundle, threads: int | None, remeasure: bool = False, **measure_kw) -> tuple[DeviceProfile, bool]:
-    """(this machine's profile of `bundle`, whether it was measured now): the cached one, else measured
-    and cached."""
-    profile = None if remeasure else load_profile(bundle, threads)
+def ensure_profile(bundle, threads: int | None, remeasure: bool = False, ep="cpu",
+                   **measure_kw) -> tuple[DeviceProfile, bool]:
+    """(this machine's profile of `bundle` on `ep`, whether it was measured now): the cached one, else
+    measured and cached."""
+    profile = None if remeasure else load_profile(bundle, threads, ep)
     if profile is not None:
         return profile, False
-    profile = measure_profile(bundle, threads, **measure_kw)
+    profile = measure_profile(bundle, threads, ep=ep, **measure_kw)
     save_profile(profile)
     return profile, True
 
 
 def plan_for(bundle, threads: int | None, ep="cpu", graph: str | None = None, acceptance: float | None = None):
     """(the cached profile or None, the plan): runtime/plan.py's `make_plan` on this machine's cached
-    profile; the export's plan on a GPU EP, without a profile, or with $EDGESPEC_DEVICE_PROFILE=off.
-    Measures nothing. `graph`: plan on that graph variant only (a decoder whose target session is made)."""
+    profile for `ep`; the export's plan without one or with $EDGESPEC_DEVICE_PROFILE=off. Measures
+    nothing. `graph`: plan on that graph variant only (a decoder whose target session is made)."""
     from edgespec.runtime.plan import export_plan, make_plan
-    from edgespec.runtime.sessions import is_cpu_only
 
     profile = None
-    if profile_mode() != "off" and is_cpu_only(ep):
-        profile = load_profile(bundle, threads)
+    if profile_mode() != "off":
+        profile = load_profile(bundle, threads, ep)
     if profile is None:
         t = bundle.target
         return None, export_plan(t.padded_exact_at_export, int(t.info.get("min_forward_tokens") or 1),
@@ -363,13 +370,11 @@ def plan_for(bundle, threads: int | None, ep="cpu", graph: str | None = None, ac
 
 
 def device_plan_summary(bundle, threads: int | None, ep="cpu", progress: bool = True) -> dict:
-    """For a benchmark: this machine's profile (measured now where none is cached, with the EP the CPU's
-    and $EDGESPEC_DEVICE_PROFILE not off) and the plan the decoders will make from it, as a report entry."""
-    from edgespec.runtime.sessions import is_cpu_only
-
+    """For a benchmark: this machine's profile on `ep` (measured now where none is cached and
+    $EDGESPEC_DEVICE_PROFILE is not off) and the plan the decoders will make from it, as a report entry."""
     measured = False
-    if profile_mode() != "off" and is_cpu_only(ep) and load_profile(bundle, threads) is None:
-        profile, measured = ensure_profile(bundle, threads)
+    if profile_mode() != "off" and load_profile(bundle, threads, ep) is None:
+        profile, measured = ensure_profile(bundle, threads, ep=ep)
         if progress:
             print(f"edgespec: device profile measured in {profile.measure_s:.2f} s (once per machine)", file=sys.stderr)
     profile, plan = plan_for(bundle, threads, ep)

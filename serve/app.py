@@ -131,7 +131,8 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
                                 seed=req.seed, stop=req.stop or None, draft_scope=draft_scope(request),
                                 **(constraint or {})),
                       time.monotonic() + settings.timeout, asyncio.get_running_loop(), deltas=req.stream,
-                      guard=tools.CallGuard(req.parallel_tool_calls) if calling(req) else None)
+                      guard=guard(req), text_fallback={"grammar": tools.TEXT_ONLY} if calling(req) and
+                      req.tool_choice == "auto" else None)
             worker.submit(job)
         except APIError as err:
             return error_response(err)
@@ -164,6 +165,12 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
                 if choice["finish_reason"] == "stop":
                     choice["finish_reason"] = "tool_calls"
         return JSONResponse(body)
+
+    def guard(req: protocol.Request):
+        """The tool-call guard of a request (serve/calls.py); under "auto" it knows the calls made."""
+        if not calling(req):
+            return None
+        return tools.CallGuard(req.parallel_tool_calls, tools.made_calls(req.prompt) if req.tool_choice == "auto" else ())
 
     def calling(req: protocol.Request) -> bool:
         return req.kind == "chat" and bool(req.tools) and req.tool_choice != "none"

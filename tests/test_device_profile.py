@@ -302,3 +302,20 @@ def test_doctor_prints_the_profile_and_the_plan(tiny_padded_bundle, home, capsys
     assert "measured now" not in json.dumps(doc)                       # the cached one, read
     assert main(["doctor", "--bundle", str(tiny_padded_bundle), "--acceptance", "1.5"]) == 2
     assert "--acceptance must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_a_gpu_eps_profile_plans_its_decoders_and_not_the_cpus(bundle, home):
+    """The H200's costs at the Qwen2.5-1.5B shape (fp16, 2026-11-27): a k-token forward 1.05x a step at k=2,
+    the pruned drafter 0.77x a step. A profile keyed to the CUDA EP gives plain decoding (no drafter), and
+    only to decoders on that EP; the CPU's plan is unchanged by it."""
+    cpu_plan = dp.plan_for(bundle, 1, "cpu")[1]
+    model = dp.GraphProfile(measured=True, one_token_exact=True, wide_exact=True, one_token_max_abs_diff=0.0,
+                            wide_max_abs_diff=0.0, cost_ms=[4.1, 4.3, 4.6, 5.6, 5.9, 6.2, 6.6, 7.0, 7.4])
+    gpu = dp.DeviceProfile(key=dp.profile_key(bundle, 1, "cuda"), graphs={"model": model}, drafter_step_ms=3.2,
+                           measure_s=1.0, measured_utc="-")
+    assert gpu.key["ep"] == "CUDAExecutionProvider" and dp.profile_key(bundle, 1)["ep"] == "CPUExecutionProvider"
+    dp.save_profile(gpu)
+    profile, plan = dp.plan_for(bundle, 1, "cuda")
+    assert profile == gpu and plan.source == "profile" and not plan.drafter and plan.step_tokens == 1
+    assert "the drafter does not pay here" in plan.reasons[-1]
+    assert dp.load_profile(bundle, 1, "cpu") is None and dp.plan_for(bundle, 1, "cpu")[1] == cpu_plan
