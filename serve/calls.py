@@ -7,6 +7,9 @@
   the calls that were complete, finish_reason "length"), and, where parallel calls are allowed, ends
   the answer at the first call that repeats one already made (same name, same arguments): small
   models repeat a call until max_tokens. The grammar caps the number of calls (tools.MAX_CALLS).
+  Under tool_choice "auto" a call the conversation already made (its result is in the history) also
+  ends it, and the server answers in text instead (serve/worker.py): small models call the same tool
+  again at every step of an agent loop, which then never ends.
 """
 from __future__ import annotations
 
@@ -118,12 +121,20 @@ class CallGuard:
     returns the text to release now; `done` turns true at a repeated call (parallel calls only), whose
     text is never released: the generation stops there. `text` is everything released."""
 
-    def __init__(self, parallel: bool):
+    def __init__(self, parallel: bool, made=()):
         self.parallel = parallel
+        self.made = frozenset(made)      # calls the conversation already made (tool_choice "auto" only)
         self.buf = ""
         self.text = ""
         self.done = False
+        self.repeated = False            # done at a call of `made`: the answer should be text instead
         self.seen: set[tuple[str, str]] = set()
+
+    def passthrough(self) -> "CallGuard":
+        """This guard, ready to pass a text answer after it ended at a call already made."""
+        self.done = self.repeated = False
+        self.made, self.buf = frozenset(), ""
+        return self
 
     def feed(self, delta: str) -> str:
         if self.done:
@@ -146,8 +157,8 @@ class CallGuard:
             end += len(CLOSE)
             block = self.buf[start:end]
             key = _call_key(block)
-            if key is not None and key in self.seen and self.parallel:
-                self.done, self.buf = True, ""
+            if key is not None and (key in self.made or (key in self.seen and self.parallel)):
+                self.done, self.repeated, self.buf = True, key in self.made, ""
                 break
             if key is not None:
                 self.seen.add(key)
@@ -173,3 +184,9 @@ def _call_key(block: str) -> tuple[str, str] | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     return obj["name"], json.dumps(obj.get("arguments"), sort_keys=True)
+
+
+def made_calls(messages: list[dict]) -> set[tuple[str, str]]:
+    """(name, canonical arguments) of every call the assistant made in a checked conversation."""
+    return {(c["function"]["name"], json.dumps(c["function"]["arguments"], sort_keys=True))
+            for m in messages for c in m.get("tool_calls", ())}

@@ -24,11 +24,12 @@ import re
 from edgespec.errors import GenerationError
 from edgespec.runtime.chat import render_chat
 from edgespec.runtime.grammar import JSON_OPTIONS
-from edgespec.serve.calls import CLOSE, OPEN, CallGuard, ToolCallStream, parse_tool_calls  # noqa: F401 (re-exported)
+from edgespec.serve.calls import CLOSE, OPEN, CallGuard, ToolCallStream, made_calls, parse_tool_calls  # noqa: F401
 from edgespec.serve.errors import APIError
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_CALLS = 8         # calls in one answer where parallel_tool_calls is true
+TEXT_ONLY = 'start: TEXT\nTEXT: /[^<](.|\n)*/\n'     # tool_choice "auto"'s text answer (serve/calls.CallGuard)
 
 
 def _bad(message: str, param: str) -> APIError:

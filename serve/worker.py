@@ -4,7 +4,8 @@ The worker owns the only `SpeculativeDecoder` (no second model copy). A `Job` ca
 generation settings in, and events out to the asyncio side (`loop.call_soon_threadsafe`):
 ("start", None), ("delta", str), ("done", Outcome) or ("error", APIError). A job answering with tool
 calls carries a `guard` (serve/calls.CallGuard): the text goes through it, and it may end the
-generation (a repeated call). A job can be cancelled at
+generation (a repeated call); under tool_choice "auto", a call the conversation already made is
+answered in text instead (`text_fallback`: the settings' overrides for that, a text-only grammar). A job can be cancelled at
 any time (client gone, server shutting down, deadline passed): a queued job is dropped, a running one
 stops before its next round, and the decoder's next generation starts from scratch.
 """
@@ -32,9 +33,10 @@ class Outcome:
 
 class Job:
     def __init__(self, prompt_ids: list[int], settings: dict, deadline: float, loop: asyncio.AbstractEventLoop,
-                 deltas: bool = True, guard=None):
+                 deltas: bool = True, guard=None, text_fallback: dict | None = None):
         self.prompt_ids, self.settings, self.deadline = prompt_ids, settings, deadline
         self.guard = guard            # serve/calls.CallGuard, or None
+        self.text_fallback = text_fallback   # settings overrides of a text answer (guard: a call already made)
         self.deltas = deltas          # False: only start/done/error are posted (a non-streamed request)
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
@@ -156,20 +158,12 @@ class Worker:
         job.post("start", {"queue_ms": queue_ms})
         reason, guard = None, job.guard
         try:
-            for delta in stream:
-                if guard is not None:
-                    delta = guard.feed(delta)
-                if job.deltas and delta:
-                    job.post("delta", delta)
-                if guard is not None and guard.done:     # a repeated tool call: the answer ends before it
-                    reason = "stop"
-                    break
-                if job.cancelled.is_set():
-                    reason = job.cancel_reason
-                    break
-                if time.monotonic() >= job.deadline:
-                    reason = "timeout"
-                    break
+            reason = self._drive(job, stream, guard)
+            if guard is not None and guard.repeated and job.text_fallback is not None:
+                # tool_choice "auto" and a call already made in the conversation: a text answer instead
+                stream.close()
+                stream = self.dec.stream(job.prompt_ids, **dict(job.settings, **job.text_fallback))
+                reason = self._drive(job, stream, guard.passthrough())
         except EdgespecError as exc:      # mid-generation: the client's deltas so far stand
             return "error", APIError(500, f"the generation failed: {exc}", code="generation_error")
         finally:
@@ -190,3 +184,20 @@ class Worker:
         self.last = {"stop_reason": reason, "completion_tokens": len(res.token_ids), "total_ms": st.total_ms}
         return "done", Outcome(text=text, prompt_tokens=len(res.prompt_token_ids),
                                completion_tokens=len(res.token_ids), stop_reason=reason, ext=ext)
+
+    @staticmethod
+    def _drive(job: Job, stream, guard) -> str | None:
+        """Iterate one generation, posting its deltas (through the guard); the reason it was cut short,
+        None if it ended by itself."""
+        for delta in stream:
+            if guard is not None:
+                delta = guard.feed(delta)
+            if job.deltas and delta:
+                job.post("delta", delta)
+            if guard is not None and guard.done:     # a repeated tool call: the answer ends before it
+                return "stop"
+            if job.cancelled.is_set():
+                return job.cancel_reason
+            if time.monotonic() >= job.deadline:
+                return "timeout"
+        return None

@@ -102,3 +102,14 @@ def test_one_call_unless_parallel_in_the_grammar():
     assert "\ncalls: call\n" in tool_grammar(tok, TOOLS, "required")            # the default: one call
     assert '\ncalls: call ("\\n" call)~0..7\n' in tool_grammar(tok, TOOLS, "required", parallel=True)
     assert "\ncalls: call\n" in tool_grammar(tok, TOOLS, "add", parallel=True)  # a named function: one call
+
+
+def test_a_call_the_conversation_already_made_ends_the_answer():
+    """tool_choice "auto": the server then answers in text (serve/worker.py), through the same guard."""
+    from edgespec.serve.tools import made_calls
+    history = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]}]
+    g = CallGuard(False, made_calls(history))
+    assert g.feed(CALL_B) == CALL_B and not g.done                    # a new call passes
+    assert g.feed("\n" + CALL_A_AGAIN) == "" and g.done and g.repeated
+    assert g.passthrough().feed("It is 5.") == "It is 5." and g.text == CALL_B + "It is 5."
