@@ -74,12 +74,12 @@ def _runner(path: Path, ep: str, threads: int | None = None):
 def _thread_choice(target: Path, drafter: Path, ids: list[int]) -> dict:
     """The CPU EP: how a target and a drafter step scale with threads, and the counts the device profile
     would choose (runtime/device_profile.py's own scaling, on these graphs)."""
-    from edgespec.runtime import device_profile as dp
     from edgespec.runtime.sessions import allowed_cores
+    from edgespec.runtime.thread_scaling import probe_step, scale_threads
 
-    cores = allowed_cores()
-    t_ms, t_n = dp.scale_threads(lambda n: dp.probe_step(_runner(target, "cpu", n), ids), cores)
-    d_ms, d_n = dp.scale_threads(lambda n: dp.probe_step(_runner(drafter, "cpu", n), ids), cores)
+    cores, prefix = allowed_cores(), 16
+    t_ms, t_n = scale_threads(lambda n: probe_step(_runner(target, "cpu", n), ids, prefix), cores)
+    d_ms, d_n = scale_threads(lambda n: probe_step(_runner(drafter, "cpu", n), ids, prefix), cores)
     return {"allowed_cores": cores, "os_cpu_count": os.cpu_count(), "target": t_ms, "target_threads": t_n,
             "drafter": d_ms, "drafter_threads": d_n}
 

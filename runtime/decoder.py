@@ -35,7 +35,7 @@ from edgespec.runtime.device_plan import DevicePlanning
 from edgespec.runtime.governor import Governor
 from edgespec.runtime.grammar import start_constraint
 from edgespec.runtime.kv import DeferredRunner, ModelRunner
-from edgespec.runtime.randomised import SideRunner, draft_randomised
+from edgespec.runtime.randomised import draft_randomised
 from edgespec.runtime.shared import Setup, Shared
 from edgespec.runtime.generation import Generation
 from edgespec.runtime.sampling import make_rng
@@ -165,12 +165,9 @@ class SpeculativeDecoder:
     governor = property(lambda self: self.setup.governor)
     source_governors = property(lambda self: self.setup.source_governors)
     prepared = property(lambda self: self.setup.prepared)
-    scratch = property(lambda self: self.setup.scratch)
     target = property(lambda self: self._shared.target)
     target_session_info = property(lambda self: self._shared.target_session_info)
-    eos_ids = property(lambda self: self._shared.eos_ids)
     drafter = property(lambda self: self._shared.drafter if self.strategy.uses_drafter else None)
-    text_context = property(lambda self: self._shared.text_context if self.strategy.uses_drafter else None)
 
     def governor_for(self, source: str | None) -> Governor | None:
         """The draft-length governor of a round from `source` (None: the strategy's only proposer)."""
@@ -207,10 +204,6 @@ class SpeculativeDecoder:
     def generation_id(self) -> int:
         """Number of the newest generation of this decoder and its variants."""
         return self._shared.generation
-
-    def side_runner(self) -> SideRunner:
-        """The worker thread for drafter forwards that run beside the verify (created on first use)."""
-        return self._shared.side_runner()
 
     def close(self) -> None:
         """Stop the worker thread, if one was started (a later generation starts a new one)."""

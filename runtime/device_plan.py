@@ -26,7 +26,9 @@ token's time. Its sessions are the decoder's where it has them (the step graph's
 the process waits for it at exit, so it is measured once per machine. It plans the next generations of
 this decoder (drafter and gamma; the graph at the next load).
 
-A cached profile is checked against the forwards the decoder times as it runs: where they take STALE_RATIO
+A profile measured while other processes kept BUSY_CORES or more busy (device_profile.py) is measured again
+once, after the decoder's first generation. A cached profile is checked against the forwards the decoder
+times as it runs: where they take STALE_RATIO
 of the profile's cost of the same width or less (the median over LIVE_SAMPLES or more forwards), the
 profile was measured while something else used the CPU, and it is measured again the same way, once per
 decoder, saying so in one line. Live forwards sit at longer contexts than the probe's, so they are never
@@ -43,6 +45,7 @@ from dataclasses import replace
 from statistics import median
 
 from edgespec.runtime.device_profile import ensure_profile, graph_paths, profile_mode
+from edgespec.runtime.thread_scaling import BUSY_CORES, others_busy_now
 from edgespec.runtime.lookup import guess_record
 from edgespec.runtime.plan import DRAFTER_MARGIN, KEEP_MARGIN, make_plan
 
@@ -81,6 +84,7 @@ class DevicePlanning:
         self.measure_note: str | None = None
         self.live_ms: deque[tuple[int, float]] = deque(maxlen=LIVE_KEPT)    # (width, ms) of the latest forwards
         self.remeasured = False
+        self.quiet_checked = False        # _quiet_now ran (once per decoder)
         self.guess_steps = self.guesses_kept = 0    # lookup guesses on this decoder's outputs (lookup_share)
         self.fill_ms, self.drafted_tokens = 0.0, 0   # the drafter's window fills, and the tokens of their generations
         self.realized: float | None = None  # drafter generations' speedup over the fastest plain decoding, as run
@@ -156,11 +160,14 @@ class DevicePlanning:
         remeasure = False
         if self.profile is not None:
             ratio = self.live_ratio()
-            if self.remeasured or ratio is None or ratio > STALE_RATIO:
+            beside = self.profile.measured_beside_others and not self.remeasured and self._quiet_now()
+            if self.remeasured or not beside and (ratio is None or ratio > STALE_RATIO):
                 return
             remeasure = self.remeasured = True
-            print(f"edgespec: this machine's forwards run {1 / ratio:.1f}x faster than its device profile says "
-                  "(measured while the CPU was busy): measuring it again", file=sys.stderr)
+            why = f"other processes kept {self.profile.others_busy_cores:.1f} cores busy while it was measured" \
+                if beside else f"this machine's forwards run {1 / ratio:.1f}x faster than it says (measured while " \
+                               "the CPU was busy)"
+            print(f"edgespec: the device profile is measured again: {why}", file=sys.stderr)
         self.measuring = threading.Thread(target=self._measure, args=(dec, remeasure), daemon=True,
                                           name="edgespec-device-profile")
         _RUNNING.append(self.measuring)
@@ -175,6 +182,15 @@ class DevicePlanning:
         width = lambda k: max(k, self.plan.step_tokens)     # noqa: E731 - a padded step runs 2 tokens
         ratios = [ms / g.cost_ms[width(k) - 1] for k, ms in self.live_ms if width(k) <= len(g.cost_ms)]
         return float(median(ratios)) if len(ratios) >= LIVE_SAMPLES else None
+
+    def _quiet_now(self) -> bool:
+        """Once per decoder: whether other processes now leave the cores quieter than BUSY_CORES (a profile
+        measured beside them is then measured again; on a machine that stays busy it is kept)."""
+        if self.quiet_checked:
+            return False
+        self.quiet_checked = True
+        busy = others_busy_now()
+        return busy is not None and busy < BUSY_CORES
 
     def wait(self) -> None:
         """Until a measurement this decoder started has ended (a benchmark times nothing beside it)."""

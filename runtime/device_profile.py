@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.paths import cache_home
+from edgespec.runtime.thread_scaling import BUSY_CORES, cpu_seconds, probe_step, scale_threads, session_threads
 from edgespec.runtime.verdicts import cpu_signature
 
 VERSION = 1
@@ -51,8 +52,6 @@ TAIL = 9               # probed forwards of k = 1..TAIL tokens (the verify width
 DRAFTER_STEPS = 6      # the drafter's 1-token steps timed (the first is not counted)
 SWEEPS = 2             # samples of each k-token forward up to RESAMPLED tokens (one beyond: the plan's
 RESAMPLED = 5          # gamma choices turn on the short ones)
-SCALING_STEPS = 5      # 1-token steps timed at each thread count (the first is not counted)
-SCALING_GAIN = 0.03    # a thread count must be this much faster than the best fewer threads gave
 GRAPHS = ("padded_attention", "model", "prefill")     # measuring order
 # the prompt the probe feeds (a code-and-prose mix, tokenized by the target's tokenizer)
 PROBE_TEXT = ("def merge(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n    out = []\n"
@@ -89,6 +88,13 @@ class DeviceProfile:
     measured_utc: str
     # threads=None: {"target": {threads: ms}, "drafter": {...}, "target_threads": n, "drafter_threads": m}
     thread_scaling: dict | None = None
+    others_busy_cores: float | None = None   # cores other processes kept busy meanwhile, on average (Linux)
+
+    @property
+    def measured_beside_others(self) -> bool:
+        """Whether other processes used BUSY_CORES or more while it was measured: its costs, and above all
+        its thread choice, are those of a shared machine (device_plan.py measures it again once)."""
+        return (self.others_busy_cores or 0.0) >= BUSY_CORES
 
     def chosen_threads(self, side: str) -> int | None:
         """The thread count the scaling chose for "target" or "drafter" (None: not measured)."""
@@ -114,8 +120,10 @@ class DeviceProfile:
                        else int(scaling[side]) for side in scaling}
             if any(v < 1 for k, v in scaling.items() if k.endswith("_threads")):
                 raise ValueError("bad thread_scaling")
+        busy = data.get("others_busy_cores")
         return cls(key=dict(data["key"]), graphs=graphs, drafter_step_ms=step, measure_s=float(data["measure_s"]),
-                   measured_utc=str(data["measured_utc"]), thread_scaling=scaling)
+                   measured_utc=str(data["measured_utc"]), thread_scaling=scaling,
+                   others_busy_cores=None if busy is None else float(busy))
 
 
 def profile_mode() -> str:
@@ -239,40 +247,6 @@ def probe_graph(runner, ids: list[int], slower_than_ms: float | None = None) -> 
                         note="" if repeats else "a forward repeated on the same input gave other logits here")
 
 
-def thread_counts(cores: int) -> list[int]:
-    """The thread counts the scaling tries: 1, 2, 4, ... below `cores`, then `cores`."""
-    counts, t = [], 1
-    while t < cores:
-        counts.append(t)
-        t *= 2
-    return counts + [cores]
-
-
-def probe_step(runner, ids: list[int], steps: int = SCALING_STEPS) -> float:
-    """The fastest of `steps` - 1 1-token forwards after a PREFIX-token prefill (the runner left empty)."""
-    runner.reset()
-    runner.forward(ids[:PREFIX], last=1, pad=False)
-    ms = []
-    for i in range(PREFIX, PREFIX + steps):
-        runner.forward(ids[i:i + 1], last=1, pad=False)
-        ms.append(runner.last_ms)
-    runner.reset()
-    return round(float(min(ms[1:])), 3)
-
-
-def scale_threads(step_ms_at, cores: int) -> tuple[dict[int, float], int]:
-    """({threads: ms of a step}, the fastest count): counts from thread_counts, stopping at the first that is
-    not SCALING_GAIN faster than the best fewer threads gave (more threads than pay only contend)."""
-    ms: dict[int, float] = {}
-    best = None
-    for t in thread_counts(cores):
-        ms[t] = step_ms_at(t)
-        if best is not None and ms[t] > ms[best] * (1.0 - SCALING_GAIN):
-            break
-        best = t
-    return ms, best
-
-
 def measure_profile(bundle, threads: int | None, sessions: dict | None = None, drafter_session=None,
                     ep="cpu") -> DeviceProfile:
     """Measure this machine's profile of `bundle` on `ep` (module docstring; on another EP than the CPU's the
@@ -282,10 +256,10 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
     from edgespec.runtime.kv import ModelRunner
     from edgespec.runtime.sessions import allowed_cores, create_session, is_cpu_only, resolve_threads
 
-    t0 = time.perf_counter()
-    built = {(Path(p), _threads_of(s)): s for p, s in (sessions or {}).items()}
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
+    built = {(Path(p), session_threads(s)): s for p, s in (sessions or {}).items()}
     if drafter_session is not None and bundle.drafter is not None:
-        built[(Path(bundle.drafter.onnx), _threads_of(drafter_session))] = drafter_session
+        built[(Path(bundle.drafter.onnx), session_threads(drafter_session))] = drafter_session
     ids = probe_ids(bundle, PREFIX + TAIL)
     paths = graph_paths(bundle)
     cpu = is_cpu_only(ep)
@@ -307,11 +281,11 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
     scaling, target_n, drafter_n = None, resolve_threads(threads), resolve_threads(threads)
     if threads is None and cpu:
         cores, first = allowed_cores(), next(paths[n] for n in GRAPHS if n in paths)
-        target_ms, target_n = scale_threads(lambda n: probe_step(runner_at(first, n, "target"), ids), cores)
+        target_ms, target_n = scale_threads(lambda n: probe_step(runner_at(first, n, "target"), ids, PREFIX), cores)
         scaling = {"target": target_ms, "target_threads": target_n}
         if dids is not None:
             drafter_ms, drafter_n = scale_threads(
-                lambda n: probe_step(runner_at(bundle.drafter.onnx, n, "drafter"), dids), cores)
+                lambda n: probe_step(runner_at(bundle.drafter.onnx, n, "drafter"), dids, PREFIX), cores)
             scaling.update(drafter=drafter_ms, drafter_threads=drafter_n)
     graphs: dict[str, GraphProfile] = {}
     for name in GRAPHS:
@@ -330,15 +304,13 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
                                    slower_than_ms=best if name == "prefill" else None)
     drafter_ms = None
     if dids is not None:
-        drafter_ms = probe_step(runner_at(bundle.drafter.onnx, drafter_n, "drafter"), dids, DRAFTER_STEPS)
+        drafter_ms = probe_step(runner_at(bundle.drafter.onnx, drafter_n, "drafter"), dids, PREFIX, DRAFTER_STEPS)
+    wall, cpu1 = time.perf_counter() - t0, cpu_seconds()
+    others = None if cpu0 is None or cpu1 is None else \
+        round(max(0.0, (cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1])) / max(wall, 1e-6), 3)
     return DeviceProfile(key=profile_key(bundle, threads, ep), graphs=graphs, drafter_step_ms=drafter_ms,
-                         measure_s=round(time.perf_counter() - t0, 3),
-                         measured_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), thread_scaling=scaling)
-
-
-def _threads_of(session) -> int:
-    """A session's intra-op thread count."""
-    return int(session.get_session_options().intra_op_num_threads)
+                         measure_s=round(wall, 3), measured_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         thread_scaling=scaling, others_busy_cores=others)
 
 
 def ensure_profile(bundle, threads: int | None, remeasure: bool = False, ep="cpu",

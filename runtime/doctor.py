@@ -89,6 +89,9 @@ def run_doctor(args) -> int:
               f"{_yes(g.wide_exact, g.wide_max_abs_diff):<14}  {curve}")
     if profile.drafter_step_ms is not None:
         print(f"  drafter step: {profile.drafter_step_ms:.1f} ms")
+    if profile.measured_beside_others:
+        print(f"  note: other processes kept {profile.others_busy_cores:.1f} cores busy while it was measured: its "
+              "costs and thread choice are a shared machine's (--remeasure when it is quiet)")
     for side in ("target", "drafter"):
         if profile.chosen_threads(side) is not None:
             steps = "  ".join(f"{n}: {ms:.1f}" for n, ms in sorted(profile.thread_scaling[side].items()))

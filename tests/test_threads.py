@@ -10,6 +10,7 @@ from edgespec.errors import EPError
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime import device_profile as dp
 from edgespec.runtime import sessions
+from edgespec.runtime import thread_scaling as ts
 from edgespec.runtime.plan import make_plan
 
 PROMPT = "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, item):"
@@ -68,19 +69,19 @@ def test_more_threads_than_cores_are_capped_in_one_line(capsys, monkeypatch):
 
 
 def test_scaling_stops_where_a_step_stops_getting_faster():
-    assert sessions is not None and dp.thread_counts(1) == [1] and dp.thread_counts(16) == [1, 2, 4, 8, 16]
-    assert dp.thread_counts(6) == [1, 2, 4, 6]
+    assert sessions is not None and ts.thread_counts(1) == [1] and ts.thread_counts(16) == [1, 2, 4, 8, 16]
+    assert ts.thread_counts(6) == [1, 2, 4, 6]
     asked = []
 
     def step(ms):
         return lambda n: asked.append(n) or ms[n]
 
-    ms, best = dp.scale_threads(step({1: 100.0, 2: 55.0, 4: 31.0, 8: 30.5, 16: 20.0}), 16)
+    ms, best = ts.scale_threads(step({1: 100.0, 2: 55.0, 4: 31.0, 8: 30.5, 16: 20.0}), 16)
     assert best == 4 and asked == [1, 2, 4, 8] and list(ms) == [1, 2, 4, 8]     # 8 is < 3% faster: stop
     asked.clear()
-    ms, best = dp.scale_threads(step({1: 100.0, 2: 120.0}), 2)
+    ms, best = ts.scale_threads(step({1: 100.0, 2: 120.0}), 2)
     assert best == 1 and asked == [1, 2]
-    ms, best = dp.scale_threads(step({1: 10.0}), 1)
+    ms, best = ts.scale_threads(step({1: 10.0}), 1)
     assert best == 1 and ms == {1: 10.0}
 
 
@@ -98,7 +99,7 @@ def test_the_profile_measures_the_scaling_and_the_decoder_uses_its_choice(tiny_p
     assert measured and profile.key["threads"] == "auto" and profile.key["cores"] == cores
     for side in ("target", "drafter"):
         counts = list(profile.thread_scaling[side])
-        assert counts == dp.thread_counts(cores)[:len(counts)] and profile.chosen_threads(side) in counts
+        assert counts == ts.thread_counts(cores)[:len(counts)] and profile.chosen_threads(side) in counts
     assert dp.load_profile(bundle, threads=1) is None           # a pinned count is another profile
     again = dp.load_profile(bundle, threads=None)
     assert again == profile                                      # the scaling survives the cache
@@ -126,3 +127,41 @@ def test_a_damaged_scaling_is_measured_again(tiny_padded_bundle, home, capsys):
     path.write_text(json.dumps(doc))
     assert dp.load_profile(bundle, threads=None) is None
     assert "is damaged (bad thread_scaling); it is measured again" in capsys.readouterr().err
+
+
+def test_a_profile_measured_beside_other_work_says_so(tiny_padded_bundle, home, monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    from edgespec.runtime import device_plan
+
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    try:
+        assert ts.others_busy_now(0.5) >= 0.5                  # another process spins a core
+    finally:
+        busy.kill()
+    bundle = Bundle.load(tiny_padded_bundle)
+    profile, _ = dp.ensure_profile(bundle, threads=None)
+    assert profile.others_busy_cores is not None and profile.others_busy_cores >= 0.0
+    marked = dataclasses.replace(profile, others_busy_cores=ts.BUSY_CORES + 0.5)
+    assert marked.measured_beside_others and not dataclasses.replace(profile, others_busy_cores=0.0).measured_beside_others
+    assert dp.DeviceProfile.from_json(marked.to_json()) == marked
+    # a decoder whose cached profile was measured beside other work measures it again once, when it is quieter
+    dp.save_profile(marked)
+    monkeypatch.setenv(dp.MODE_ENV, "auto")
+    monkeypatch.setattr(device_plan, "others_busy_now", lambda: 0.0)          # the machine is quiet now
+    dec = SpeculativeDecoder(bundle, strategy="auto")
+    assert dec.planning.profile == marked
+    dec.generate(PROMPT, max_new_tokens=4)
+    dec.planning.wait()
+    assert dec.planning.quiet_checked and dec.planning.remeasured
+    assert "the device profile is measured again: other processes kept" in capsys.readouterr().err
+    assert dp.load_profile(bundle, threads=None) == dec.planning.profile != marked
+    # a machine that stays busy keeps the marked profile (no measurement beside the same load)
+    dp.save_profile(marked)
+    monkeypatch.setattr(device_plan, "others_busy_now", lambda: 1.5)
+    busy_dec = SpeculativeDecoder(bundle, strategy="auto")
+    busy_dec.generate(PROMPT, max_new_tokens=4)
+    busy_dec.planning.wait()
+    assert busy_dec.planning.quiet_checked and not busy_dec.planning.remeasured
+    assert dp.load_profile(bundle, threads=None) == marked
