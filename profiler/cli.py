@@ -12,7 +12,7 @@ from edgespec.profiler.demo import register_demo as _register_demo
 from edgespec.profiler.report import lossless_line, table
 from edgespec.profiler.settings import DEFAULT_MAX_DRAFT_LENGTH, BenchSettings
 from edgespec.profiler.study.cli import add_bundle_and_prompts, register_acceptance, register_randomised, register_synthetic
-from edgespec.runtime.arguments import add_decoder_arguments, decoder_options, parse_draft_length
+from edgespec.runtime.arguments import add_decoder_arguments, decoder_options, defaults_of, parse_draft_length
 from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
 
 BENCH_EPILOG = """\
@@ -24,6 +24,7 @@ records.jsonl (each generation as measured: Ctrl-C keeps it, marked "partial";
 """
 BENCH_USAGE = ("%(prog)s --bundle DIR --report OUT [--prompts SET]\n"
                "         [--strategies LIST] [--draft-length LIST] [options]")
+BENCH = defaults_of(BenchSettings)    # the flags' defaults are the settings' (profiler/settings.py)
 # left out of `bench --help`, listed by --help-all (edgespec/help_all.py)
 BENCH_EXPERT = ("--no-warmup", "--bandwidth-mb")
 
@@ -58,21 +59,23 @@ def register_bench(subparsers) -> None:
     add_bundle_and_prompts(p, "bundle directory")
     p.add_argument("--category", type=_csv, metavar="LIST", help="comma-separated categories to keep (default all)")
     p.add_argument("--limit", type=int, metavar="N", help="at most this many prompts")
-    p.add_argument("--strategies", type=_csv, default=["ar", "auto"], metavar="LIST",
-                   help="comma-separated (default ar,auto; ar always, ar-fast too where steps pad); "
+    p.add_argument("--strategies", type=_csv, default=BENCH["strategies"], metavar="LIST",
+                   help=f"comma-separated (default {','.join(BENCH['strategies'])}; ar always, ar-fast too where "
+                        "steps pad); "
                         "NAME:KEY=VALUE[:...] sets a row's options")
-    p.add_argument("--draft-length", type=_draft_lengths, default=["auto"], metavar="LIST",
+    p.add_argument("--draft-length", type=_draft_lengths, default=BENCH["draft_lengths"], metavar="LIST",
                    help=f"comma-separated γ and/or auto (default auto: γ per round up to --option "
                         f"max_draft_length, {DEFAULT_MAX_DRAFT_LENGTH} or the largest γ given)")
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--max-new-tokens", type=int, default=BENCH["max_new_tokens"], metavar="N")
+    p.add_argument("--temperature", type=float, default=BENCH["temperature"], metavar="T", help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, metavar="K")
     p.add_argument("--top-p", type=float, metavar="P")
-    p.add_argument("--seed", type=int, default=0, metavar="N")
+    p.add_argument("--seed", type=int, default=BENCH["seed"], metavar="N")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the bundle's chat template")
-    p.add_argument("--repeats", type=int, default=3, metavar="N")
+    p.add_argument("--repeats", type=int, default=BENCH["repeats"], metavar="N")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generations")
-    p.add_argument("--bandwidth-mb", type=int, default=256, metavar="MB", help="stream-test size (0: skip)")
+    p.add_argument("--bandwidth-mb", type=int, default=BENCH["bandwidth_mb"], metavar="MB",
+                   help="stream-test size (0: skip)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", type=Path, required=True, metavar="OUT", help="report directory")
     p.add_argument("--peers", action="store_true", help="a row: onnxruntime-genai on the same graph (greedy)")

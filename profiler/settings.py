@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edgespec.calibrate.prompts import HUMANEVAL
-from edgespec.runtime.checks import DEFAULT_MAX_DRAFT_LENGTH
+from edgespec.runtime.bundle import COMMAND_VERIFY
+from edgespec.runtime.checks import DEFAULT_MAX_DRAFT_LENGTH, DEFAULT_MAX_NEW_TOKENS
 
 AUTO = "auto"                     # the draft-length entry that runs a strategy with draft_length="auto"
 FAST_BASELINE = ("ar-fast", 0)    # ar with 1-token steps: the speed baseline where the graph pads them
@@ -48,8 +49,8 @@ class BenchSettings:
     limit: int | None = None
     strategies: list[str] = field(default_factory=lambda: ["ar", "auto"])
     draft_lengths: list[int | str] = field(default_factory=lambda: [AUTO])    # ints >= 1 and/or "auto"
-    max_draft_length: int | None = None      # None: max of the numeric draft lengths, or 8
-    max_new_tokens: int = 128
+    max_draft_length: int | None = None      # None: DEFAULT_MAX_DRAFT_LENGTH, or the largest numeric length
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
@@ -63,7 +64,7 @@ class BenchSettings:
     chat: bool = False
     options: dict = field(default_factory=dict)
     bandwidth_mb: int = 256
-    verify: str = "fast"
+    verify: str = COMMAND_VERIFY
     progress: bool = True
     resume: bool = False
     peers: bool = False                      # onnxruntime-genai's generator as a row (profiler/peers.py)

@@ -11,16 +11,29 @@ release, hidden from the help, with a one-line warning on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import sys
 
-from edgespec.runtime.bundle import VERIFY_MODES, Bundle
+from edgespec.runtime.bundle import COMMAND_VERIFY, VERIFY_MODES, Bundle
 from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS, check_decoder_settings
 from edgespec.runtime.decoder import SpeculativeDecoder
 from edgespec.runtime.strategies import STRATEGIES
 
-DEFAULTS = {name: p.default for name, p in inspect.signature(SpeculativeDecoder).parameters.items()
+
+
+def defaults_of(obj) -> dict:
+    """{name: default} of a dataclass's fields (a default_factory called) or a callable's parameters: a
+    command's flags read the defaults of the settings they fill, so that each is written once."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(obj)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    return {name: p.default for name, p in inspect.signature(obj).parameters.items()
             if p.default is not inspect.Parameter.empty}
+
+
+DEFAULTS = defaults_of(SpeculativeDecoder)
 PREFILL_GRAPH_WORDS = {value: word for word, value in PREFILL_GRAPH_SETTINGS.items()}
 PREFILL_GRAPH_HELP = ("long prompts on the target's prefill graph, a second session: auto (512+ tokens, default), "
                       "on (96+), off")
@@ -114,7 +127,8 @@ def add_decoder_arguments(p: argparse.ArgumentParser, *, rows: bool = False, dep
                    help="intra-op threads per session (default: the runtime's)")
     p.add_argument("--prefill-graph", choices=list(PREFILL_GRAPH_SETTINGS),
                    default=PREFILL_GRAPH_WORDS[DEFAULTS["prefill_graph"]], help=PREFILL_GRAPH_HELP)
-    p.add_argument("--verify", choices=VERIFY_MODES, default="fast", help="bundle file checks (default fast)")
+    p.add_argument("--verify", choices=VERIFY_MODES, default=COMMAND_VERIFY,
+                   help=f"bundle file checks (default {COMMAND_VERIFY})")
     p.add_argument("--option", type=parse_option, action="append", metavar="KEY=VALUE",
                    help="a tuning knob or strategy option, repeatable (docs/runtime.md, \"Options\")")
     for flag in deprecated:

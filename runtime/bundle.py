@@ -39,6 +39,7 @@ from edgespec.runtime.rdk import Affinity
 
 FAST_HASH_LIMIT = 64 * 1024**2
 VERIFY_MODES = ("full", "fast", "none")
+COMMAND_VERIFY = "fast"      # the commands' --verify (generate, chat, serve, bench): big files hashed in part
 # Bundles exported before edgespec's own GGUF tokenizer converter (models/gguf_tokenizer.py) carry
 # transformers 4.57's conversion of Gemma's GGUF tokenizer: a Unigram model over what is a
 # SentencePiece BPE vocabulary, which tokenizes differently from the model's own tokenizer

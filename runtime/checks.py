@@ -7,6 +7,7 @@ import difflib
 import numpy as np
 
 from edgespec.errors import GenerationError
+from edgespec.runtime.plan import MAX_GAMMA
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.strategies import STRATEGIES
 
@@ -34,7 +35,8 @@ def check_drafter_window(value) -> None:
 
 
 MAX_DRAFT_LENGTH = 64       # more drafts per verify only waste forwards (acceptance decays geometrically)
-DEFAULT_MAX_DRAFT_LENGTH = 8    # gamma_max of draft_length="auto" (DecodeConfig.max_draft_length, bench's rows)
+DEFAULT_MAX_DRAFT_LENGTH = MAX_GAMMA    # gamma_max of draft_length="auto": the plan's widest (DecodeConfig, bench)
+DEFAULT_MAX_NEW_TOKENS = 128    # generate/stream, `edgespec generate` and bench read this one
 
 
 def check_draft_length(k) -> None:

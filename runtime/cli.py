@@ -6,8 +6,11 @@ import json
 import sys
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.arguments import add_decoder_arguments, decoder_from_args
+from edgespec.runtime.arguments import add_decoder_arguments, decoder_from_args, defaults_of
 from edgespec.runtime.checks import check_generation_args
+from edgespec.runtime.decoder import SpeculativeDecoder
+
+GENERATE = defaults_of(SpeculativeDecoder.generate)     # the flags' defaults are generate()'s
 
 
 def register(subparsers) -> None:
@@ -18,8 +21,8 @@ def register(subparsers) -> None:
     add_decoder_arguments(p, deprecated=("--draft-ep", "--drafter-window", "--plain-steps", "--max-draft-length",
                                          "--draft-confidence"))
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads it from stdin)")
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--max-new-tokens", type=int, default=GENERATE["max_new_tokens"], metavar="N")
+    p.add_argument("--temperature", type=float, default=GENERATE["temperature"], metavar="T", help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=None, metavar="K")
     p.add_argument("--top-p", type=float, default=None, metavar="P")
     p.add_argument("--seed", type=int, default=None, metavar="N")

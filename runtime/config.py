@@ -33,10 +33,14 @@ def check_flag(name: str, value) -> None:
         raise GenerationError(f"{name} must be True or False, got {value!r}")
 
 
+DEFAULT_STRATEGY = "auto"          # chosen for the bundle and the machine (strategies.choose_auto)
+DEFAULT_DRAFT_LENGTH = "auto"      # gamma chosen per round (runtime/governor.py)
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     strategy: Strategy
-    draft_length: int | str = "auto"              # the setting: an int, or "auto" (runtime/governor.py)
+    draft_length: int | str = DEFAULT_DRAFT_LENGTH      # the setting: an int, or "auto" (runtime/governor.py)
     max_draft_length: int = DEFAULT_MAX_DRAFT_LENGTH     # gamma_max of draft_length="auto"
     draft_probability: float | str | None = None  # randomised drafting (randomised.py); "auto": the bundle's a*
     draft_confidence: float | None = None         # stop drafting when the drafter's top probability falls below
@@ -139,8 +143,8 @@ def with_deprecated(options, keywords: dict, where: str = "SpeculativeDecoder"):
     return {**keywords, **(options or {})}
 
 
-def check_decoder_settings(strategy="auto", draft_length="auto", threads=None, draft_probability=None,
-                           options=None, **_sessions) -> tuple[DecodeConfig, dict]:
+def check_decoder_settings(strategy=DEFAULT_STRATEGY, draft_length=DEFAULT_DRAFT_LENGTH, threads=None,
+                           draft_probability=None, options=None, **_sessions) -> tuple[DecodeConfig, dict]:
     """SpeculativeDecoder's settings checked, nothing loaded: its DecodeConfig and its session settings
     (`options` split by split_options; the keywords that need sessions are checked when they are made)."""
     tuning, session, strategy_options = split_options(options)

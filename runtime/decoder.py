@@ -26,8 +26,9 @@ import numpy as np
 
 from edgespec.errors import BundleError, GenerationError
 from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.checks import check_generation_args
-from edgespec.runtime.config import SESSION_OPTIONS, DecodeConfig, check_decoder_settings, with_deprecated
+from edgespec.runtime.checks import DEFAULT_MAX_NEW_TOKENS, check_generation_args
+from edgespec.runtime.config import (DEFAULT_DRAFT_LENGTH, DEFAULT_STRATEGY, SESSION_OPTIONS, DecodeConfig,
+                                     check_decoder_settings, with_deprecated)
 from edgespec.runtime.chat import as_messages, compile_template, render_chat
 from edgespec.runtime.context import drafter_context
 from edgespec.runtime.device_profile import graph_paths, plan_for
@@ -35,6 +36,7 @@ from edgespec.runtime.device_plan import DevicePlanning
 from edgespec.runtime.governor import Governor
 from edgespec.runtime.grammar import start_constraint
 from edgespec.runtime.kv import DeferredRunner, ModelRunner
+from edgespec.runtime.plan import MAX_GAMMA
 from edgespec.runtime.randomised import draft_randomised
 from edgespec.runtime.shared import Setup, Shared
 from edgespec.runtime.generation import Generation
@@ -62,8 +64,8 @@ class GenerationResult:
 class SpeculativeDecoder:
     """Speculative decoding over an edgespec bundle. See docs/architecture.md for the API."""
 
-    def __init__(self, bundle: Bundle | str | Path, strategy: str = "auto", draft_length: int | str = "auto",
-                 ep="cpu", *, threads: int | None = None, draft_probability: float | str | None = None,
+    def __init__(self, bundle: Bundle | str | Path, strategy: str = DEFAULT_STRATEGY,
+                 draft_length: int | str = DEFAULT_DRAFT_LENGTH, ep="cpu", *, threads: int | None = None, draft_probability: float | str | None = None,
                  prefill_graph: bool | str = "auto", allow_fallback: bool = False, options: dict | None = None,
                  **deprecated):
         # every setting is checked here, first: loading and sessions take seconds. `options`: the tuning
@@ -231,8 +233,9 @@ class SpeculativeDecoder:
                                            **steps, **self.config.options)
         dec = self._auto[key]
         drafting = dec.setup.drafter_governor()
-        if drafting is not None:                   # the plan's gamma range: drafter rounds only
-            drafting.cap = max(plan.gamma_max, 1)
+        if drafting is not None:   # drafter rounds keep to the plan's gamma range, which plan.py rates up to
+            # MAX_GAMMA drafts: a max_draft_length above that is the caller's and is honoured, not capped
+            drafting.cap = max(plan.gamma_max, 1) if drafting.gamma_max <= MAX_GAMMA else drafting.gamma_max
         return dec
 
     def _check_runner(self, runner: ModelRunner, info: dict, width: int, role: str) -> None:
@@ -293,9 +296,9 @@ class SpeculativeDecoder:
         return ids
 
     # ------------------------------------------------------------------ public API
-    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = None,
-                 chat: bool = False, **constraint) -> GenerationResult:
+    def generate(self, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop: str | Sequence[str] | None = None, chat: bool = False, **constraint) -> GenerationResult:
         """`constraint`: structured output (docs/structured-output.md); `draft_scope`: docs/runtime.md."""
         with self._shared.lock:      # calls on one decoder (and its variants) run one at a time
             for _ in self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=False,
@@ -303,9 +306,9 @@ class SpeculativeDecoder:
                 pass
             return self.last_result
 
-    def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
-               top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = None,
-               chat: bool = False, **constraint) -> Iterator[str]:
+    def stream(self, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
+               top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+               stop: str | Sequence[str] | None = None, chat: bool = False, **constraint) -> Iterator[str]:
         """Text deltas (each a valid str; their concatenation is the result's text). The full result,
         stats included, is in `self.last_result` once the generator ends or is closed. Arguments are
         checked when this is called, not at the first `next()`."""

@@ -12,7 +12,6 @@ import hashlib
 import hmac
 import json
 import time
-from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -24,16 +23,8 @@ from starlette.routing import Route
 from edgespec.errors import EdgespecError
 from edgespec.serve import protocol, tools
 from edgespec.serve.protocol import APIError
+from edgespec.serve.settings import Settings
 from edgespec.serve.worker import Job, Outcome, Worker
-
-
-@dataclass
-class Settings:
-    model: str                        # the name /v1/models lists and requests must name
-    api_key: str | None = None
-    max_body: int = 1 << 20           # bytes
-    max_tokens_cap: int = 1024
-    timeout: float = 300.0            # seconds per request, queue wait included
 
 
 def error_response(err: APIError) -> JSONResponse:

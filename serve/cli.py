@@ -2,9 +2,13 @@
 (an interactive chat in the terminal; runtime only)."""
 from __future__ import annotations
 
-from edgespec.runtime.arguments import add_decoder_arguments
+from edgespec.runtime.arguments import add_decoder_arguments, defaults_of
 from edgespec.serve.chat import run_chat
 from edgespec.serve.server import serve
+from edgespec.serve.settings import Settings
+from edgespec.serve.worker import Worker
+
+SERVE = {**defaults_of(Settings), "max_queue": defaults_of(Worker)["max_queue"]}   # the flags' defaults
 
 
 def register(subparsers) -> None:
@@ -16,17 +20,19 @@ def register(subparsers) -> None:
     add_decoder_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
+    p.add_argument("--api-key", default=SERVE["api_key"], metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on every route but /health (default: $EDGESPEC_API_KEY)")
     p.add_argument("--model-name", default=None, metavar="NAME", help="model name to serve as (default: the bundle "
                                                                       "directory's name)")
-    p.add_argument("--max-queue", type=int, default=16, metavar="N",
-                   help="requests that may wait behind the running one (default 16); more get 429 + Retry-After")
-    p.add_argument("--max-tokens-cap", type=int, default=1024, metavar="N",
-                   help="the most tokens one request generates (default 1024)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                   help="seconds a request may take, queue wait included (default 300)")
-    p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES", help="largest request body (default 1 MiB)")
+    p.add_argument("--max-queue", type=int, default=SERVE["max_queue"], metavar="N",
+                   help=f"requests that may wait behind the running one (default {SERVE['max_queue']}); more get "
+                        "429 + Retry-After")
+    p.add_argument("--max-tokens-cap", type=int, default=SERVE["max_tokens_cap"], metavar="N",
+                   help=f"the most tokens one request generates (default {SERVE['max_tokens_cap']})")
+    p.add_argument("--timeout", type=float, default=SERVE["timeout"], metavar="S",
+                   help=f"seconds a request may take, queue wait included (default {SERVE['timeout']:g})")
+    p.add_argument("--max-body", type=int, default=SERVE["max_body"], metavar="BYTES",
+                   help=f"largest request body (default {SERVE['max_body']} bytes)")
     p.add_argument("--no-cross-request", action="store_true",
                    help="no answer store: earlier requests' answers never draft for later ones (docs/runtime.md)")
     p.set_defaults(func=_serve)

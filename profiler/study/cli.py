@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from edgespec.calibrate.prompts import HUMANEVAL
 from edgespec.help_all import add_help_all
 from edgespec.profiler.study import randomised as study_randomised, report as study_report, synthetic as study_synthetic
 from edgespec.profiler.study.acceptance import StudyConfig, run_study
@@ -14,8 +15,8 @@ from edgespec.profiler.study.synthetic import DEFAULT_KEPT, DEFAULT_SCALE, Synth
 def add_bundle_and_prompts(p, bundle_help: str) -> None:
     """--bundle, --prompts and --split, as `edgespec bench` and the randomised study read them."""
     p.add_argument("--bundle", type=Path, required=True, metavar="DIR", help=bundle_help)
-    p.add_argument("--prompts", default="humaneval", metavar="SET",
-                   help="humaneval (default) or FILE.jsonl")
+    p.add_argument("--prompts", default=HUMANEVAL, metavar="SET",
+                   help=f"{HUMANEVAL} (default) or FILE.jsonl")
     p.add_argument("--split", metavar="SPLIT", help="calib, test or all (default: test, or all of a FILE)")
 
 
