@@ -1,4 +1,4 @@
-"""What a generation needs besides its own state, in two explicit objects (rounds.Generation reads these,
+"""What a generation needs besides its own state, in two explicit objects (generation.Generation reads these,
 never the decoder):
 
 - `Shared`: what outlives one generation and is shared by a decoder and all its variants: the KV runners,

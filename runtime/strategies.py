@@ -95,7 +95,8 @@ def get_strategy(name: str) -> Strategy:
 for _s in (
     Strategy("ar", "target alone (autoregressive baseline)", uses_drafter=False, speculative=False,
              prepare=lambda b, o: None, distribution=None, greedy=None),
-    Strategy("auto", "slem on a heterogeneous pair, tli on a shared tokenizer (choose_auto)",
+    Strategy("auto", "chosen per bundle, machine and sampling (choose_auto): ngram-tli on a shared tokenizer, slem "
+                     "on a heterogeneous pair, tli when randomised, ngram or ar where the drafter does not pay",
              prepare=lambda b, o: None, distribution=None, greedy=None, options=("ngram_max_n",)),
     Strategy("ngram", "prompt lookup: the continuation of the latest earlier n-gram match (no drafter)",
              uses_drafter=False, prepare=lambda b, o: None, distribution=None, greedy=None, check=ngram.check,
