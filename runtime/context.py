@@ -191,13 +191,11 @@ class DrafterWindow:
     tokens, and whenever the KV would grow past `size` it restarts from the last size // 4 again (one
     batched forward of those: a third of a drafter position re-fed per generated token, at a fraction of
     a drafting step's cost per position). The first fill is a refill like the others, for every text
-    longer than size // 4, short prompts included (since 2026-11-27): it feeds the last size // 4 tokens,
-    and the window grows from there as the text does. Filling all `size` positions at once (as before
-    2026-11-26) bought one round of wider context, then a refill a round later; on the held-out set's
-    long prompts it cost 1.1-1.2 s of the 0.5B drafter's time (319 positions) per generation, 15-20% of a
-    96-token answer's decode; a short prompt's whole text (up to `size` tokens) cost 1,026 ms a prompt
-    on the demo bench of a 2-core AVX2 EPYC (2026-11-27). A drafter whose tokenizer adds a BOS keeps
-    it in front of a window that starts later (`sink`). size None: the whole text (no window).
+    longer than size // 4, short prompts included: it feeds the last size // 4 tokens, and the window
+    grows from there as the text does. Filling all `size` positions at once bought one round of wider
+    context at a cost of a large share of a short answer's decode (docs/results.md). A drafter whose
+    tokenizer adds a BOS keeps it in front of a window that starts later (`sink`). size None: the whole
+    text (no window).
     The window only changes what the drafter proposes, never what verification accepts."""
 
     def __init__(self, size: int | None, drafter_bos: int | None = None):

@@ -5,7 +5,7 @@ The shared KV layout (runtime/kv.py) binds one buffer per layer as both `past_ke
 the node that writes the cache runs on the EP whose memory holds the buffer: under `ep="cuda"` an fp32
 builder graph's GroupQueryAttention has no CUDA kernel and runs on the CPU EP, so ORT hands it host
 copies of CUDA buffers, it writes into the copies, and the cache on the GPU is garbage from the second
-step on (seen on an H100, 2026-11-27: logits 6-8 away from the CPU's, no error).
+step on, with no error (seen on an H100: docs/results.md).
 
 `read_placement(session)` asks ORT which EP runs each node: `InferenceSession.get_provider_graph_assignment_info()`
 (ORT 1.24+, with the session config entry RECORD_KEY set at creation: runtime/sessions.py sets it for

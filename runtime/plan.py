@@ -12,8 +12,8 @@
       rate(gamma) = 1 / ((gamma * d + c(gamma + 1)) / tau(gamma) + f)     tokens per ms;   rate(0) = 1 / step
 
   with f the drafter's window fill per committed token, as measured in this decoder's generations with
-  the drafter (runtime/device_plan.py; 0 before any: on the AVX2 EPYC, 2026-11-27, the whole-prompt fill
-  was 14% of a 64-token answer, and the formula said 1.29x where 1.10x was measured).
+  the drafter (runtime/device_plan.py; 0 before any): left out, the fill made the formula promise speedups
+  that were not measured (docs/results.md).
 
   The drafter starts only where the best speculative rate beats the best exact plain rate by DRAFTER_MARGIN
   (what the formula leaves out: the drafter's window fill and catch-up, sampling, the round's
@@ -30,36 +30,29 @@
   a generation that speculates nowhere is the target's own decoding with 1-token forwards (what
   onnxruntime-genai runs), and that is faster than padded steps with lookup guesses unless the guesses
   keep more than c(2) / c(1) - 1 of the steps (the kept share measured on this app's outputs,
-  runtime/device_plan.py, else LOOKUP_PRIOR). The drafter must beat that rate too: on the AVX2 EPYC
-  (2026-11-27) a padded step cost 1.23x a 1-token one, so padded plain decoding ran 0.81x `ar-fast`, and
-  the drafter was judged against it.
+  runtime/device_plan.py, else LOOKUP_PRIOR). The drafter must beat that rate too, not only the padded
+  one, which is slower where a padded step costs much more than a 1-token one (docs/results.md).
 
 Without a profile (none measured yet on this machine, a GPU EP, or $EDGESPEC_DEVICE_PROFILE=off) the plan
 is the export's (`export_plan`): the graph the export found exact, the drafter on, gamma up to the
-decoder's max_draft_length: the behaviour before 2026-11-27. Where no graph's 2+-token forwards agree
-here, nothing speculative is exact: plain 1-token steps on model.onnx, no guesses, no drafter.
+decoder's max_draft_length (one above MAX_GAMMA also replaces a profile's range: decoder.py). Where no
+graph's 2+-token forwards agree here, nothing speculative is exact: plain 1-token steps on model.onnx, no
+guesses, no drafter.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Per-position acceptance before any is measured: the Qwen2.5-Coder 1.5B + 0.5B int4 pair's `tli` on
-# 13 held-out prompts accepted 0.63 of its drafts at gamma 2 and 0.54 at gamma 3 (2026-11-24), i.e.
-# (alpha + alpha^2) / 2 and (alpha + alpha^2 + alpha^3) / 3 at alpha 0.72-0.73 per position.
+# Per-position acceptance before any is measured: the demo pair's on held-out prompts (docs/results.md).
 PRIOR_ACCEPTANCE = 0.7
-# The drafter must beat plain decoding by this much on paper. On the AVX2 EPYC (2026-11-27) the formula
-# said 1.29x over padded plain steps at gamma 1 where the default decoder measured 1.10x over `ar`; on the
-# AVX-512 VNNI Xeon (2026-11-27, held-out test split) it said 1.16x at the measured acceptance 0.61, where
-# the drafter measured 1.09x `ar-fast` and plain decoding with lookup guesses 1.05x. The draft-length
-# governor still falls back to plain rounds inside a generation where drafting measures slower.
+# The drafter must beat plain decoding by this much on paper: the formula promises more than the drafter
+# measures (docs/results.md). The governor still falls back to plain rounds where drafting measures slower.
 DRAFTER_MARGIN = 1.10
-# A running drafter stops where even the formula says it loses. With the Xeon's profile measured idle
-# (2026-11-27, calib split), DRAFTER_MARGIN as the line to stop at switched the drafter off after two
-# low-acceptance prompts (writing, roleplay: lifetime acceptance 0.50, 1.07x on paper), and reasoning
-# and math then decoded at 1.07-1.08x `ar` instead of the 1.24-1.27x the drafter gave them.
+# A running drafter stops only where even the formula says it loses: a few low-acceptance prompts must not
+# switch off a drafter that pays on the others (docs/results.md).
 KEEP_MARGIN = 1.0
 # The share of plain steps whose free lookup guess the target keeps, before this app's outputs measured
-# it: on the Xeon's held-out test split (2026-11-27) plain decoding with lookup guesses ran 1.05x `ar-fast`.
+# it (the held-out figure: docs/results.md).
 LOOKUP_PRIOR = 0.05
 GAMMA_SLACK = 0.9
 MAX_GAMMA = 8
@@ -116,10 +109,9 @@ def round_rate(cost: list[float], drafter_ms: float, alpha: float, gamma: int, f
 def gamma_range(cost: list[float], drafter_ms: float, alpha: float, max_gamma: int = MAX_GAMMA) -> int:
     """The longest draft whose rate on paper is within GAMMA_SLACK of the best, at acceptance alpha: the
     governor (runtime/governor.py) chooses inside 1..this per round (the fill does not depend on gamma,
-    so it is left out here). The caller passes at least the prior:
-    the lifetime acceptance averages prompts whose drafts are accepted far more often than others (on the
-    Xeon's calib split, a cap of 1 from the average 0.5 held reasoning and math at 1.11-1.17x `ar`, where
-    gamma up to 3 gave them 1.24-1.27x)."""
+    so it is left out here). The caller passes at least the prior: the lifetime acceptance averages
+    prompts whose drafts are accepted far more often than others, and a range cut to the average holds
+    those back (docs/results.md)."""
     rates = {g: round_rate(cost, drafter_ms, alpha, g) for g in range(1, min(max_gamma, len(cost) - 1) + 1)}
     top = max(rates.values())
     return max(g for g, r in rates.items() if r >= GAMMA_SLACK * top)

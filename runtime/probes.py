@@ -7,8 +7,8 @@ cache, and says once what a user should know:
   attention, kept only if `shared_layout_diff` finds the shared layout's logits equal to the copy
   layout's; else the copy layout;
 - 1-token steps: where a 1-token step computes other bits than the same position inside a 4-token
-  forward (`one_token_steps_exact`; CUDA's one-row GEMV path: on an H200, 2026-11-27, up to 0.027 on a
-  tiny int4 graph and 0.007 in fp32, with 2- and 4-token forwards bitwise equal), an exact runner pads
+  forward (`one_token_steps_exact`; CUDA's one-row GEMV path does, while its 2- and 4-token forwards
+  agree bitwise: docs/results.md), an exact runner pads
   them to 2 tokens (`min_tokens`), as the CPU EP's int4 graphs do, so that `ar` and every verify
   compute the same function.
 Each probe leaves the cache empty and the runner's counters as they were.

@@ -14,14 +14,11 @@ active we raise EPError naming what is active and what this build offers, unless
 Threads (docs/runtime.md, "Threads"; docs/fast-path.md): min(cores, 4) intra-op threads that spin
 while a run lasts. The drafter's stop spinning when its run returns (`session.force_spinning_stop`):
 with ORT's default (spinning that goes on after the run) on both sessions the idle session's threads
-steal the cores from the other (Qwen-1.5B int4 + 0.5B, 2 threads: `tli` 11.9 tok/s); spinning off
-costs a thread wake-up per node (20.7 tok/s); a forced stop on both gave 24.5 tok/s. A target with
-no drafter session beside it (`ar`, `ngram`, a target-only bundle, `auto` where the device plan starts
-without the drafter) keeps ORT's default: its next run
-(the next plain step) starts on awake threads. Measured 2026-11-26, same box and run, 1-token int4
-1.5B steps: 64.8 ms spinning on, 73.0 ms with the forced stop, 68.5 ms spinning off. With a drafter
-beside it the target stops too: letting it spin slowed the drafter's steps (c_time 0.28 -> 0.48 on the
-held-out bench) and the default decoder lost 5% (13.47 -> 12.77 tok/s).
+steal the cores from the other, and spinning off costs a thread wake-up per node. A target with no
+drafter session beside it (`ar`, `ngram`, a target-only bundle, `auto` where the device plan starts
+without the drafter) keeps ORT's default, so that its next run (the next plain step) starts on awake
+threads; with a drafter beside it the target stops too, or its spinning slows the drafter's steps. The
+figures: docs/results.md.
 `threads=None` means every core this process may use (`allowed_cores`: its CPU affinity, SMT siblings
 counted once, a cgroup CPU quota), as onnxruntime-genai does, until this machine's device profile has
 measured how a step scales with threads and chosen fewer (runtime/device_profile.py, `thread_scaling`).
