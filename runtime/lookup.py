@@ -10,6 +10,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 from edgespec.runtime.answer_store import MAX_MATCH
 
 DEFAULT_MAX_N = 4           # the longest suffix searched (ngram_max_n)
+# the shortest store match that drafts: shorter ones are chance in other requests' text (on new text the
+# store matched 3 tokens in most rounds) and would displace the drafter; a re-sent file matches far longer
+STORE_MIN_MATCH = 8
 LOOKBACK = 4096             # search the last tokens only: O(LOOKBACK) per round
 
 
@@ -29,12 +32,12 @@ def lookup(history: np.ndarray, max_n: int, gamma: int, min_n: int = 1) -> tuple
 
 def with_store(store, scope, history: np.ndarray, found: list[int], n: int, limit: int) -> tuple[list[int], int, bool]:
     """(tokens, match length, from the store): the answer store's continuation (at most as long as its
-    match, and `limit`) when its match is longer than the prompt lookup's n, else (found, n). A store
-    that is off, or has nothing for this scope, changes nothing."""
+    match, and `limit`) when its match is longer than the prompt lookup's n and STORE_MIN_MATCH or more,
+    else (found, n). A store that is off, or has nothing for this scope, changes nothing."""
     if store is None or not store.docs:
         return found, n, False
     got, m = store.lookup(history[-MAX_MATCH:].tolist(), limit, scope)
-    return (got, m, True) if m > n else (found, n, False)
+    return (got, m, True) if m > n and m >= STORE_MIN_MATCH else (found, n, False)
 
 
 def guess_record(prompt_ids, output_ids, max_n: int = DEFAULT_MAX_N, limit: int = 512) -> tuple[int, int]:
