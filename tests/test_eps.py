@@ -123,8 +123,11 @@ def test_bad_threads_in_the_decoder(tiny_self_bundle, kw):
 def test_good_threads():
     import numpy as np
 
-    assert session_options(np.int64(3)).intra_op_num_threads == 3
-    assert session_options(None).intra_op_num_threads >= 1
+    from edgespec.runtime.sessions import allowed_cores
+
+    assert session_options(np.int64(1)).intra_op_num_threads == 1
+    assert session_options(np.int64(3)).intra_op_num_threads == min(3, allowed_cores())    # capped to the cores
+    assert session_options(None).intra_op_num_threads == allowed_cores()
 
 
 def test_ep_missing_from_the_build_is_a_one_line_error(tiny_self_bundle, capfd):
