@@ -103,6 +103,9 @@ def test_the_profile_measures_the_scaling_and_the_decoder_uses_its_choice(tiny_p
     assert dp.load_profile(bundle, threads=1) is None           # a pinned count is another profile
     again = dp.load_profile(bundle, threads=None)
     assert again == profile                                      # the scaling survives the cache
+    with pytest.MonkeyPatch.context() as mp:                     # another core set (taskset, a container)
+        mp.setattr(sessions, "allowed_cores", lambda: cores + 2)
+        assert dp.load_profile(bundle, threads=None) is None
     # a profile that chose 1 thread for each side: the decoder's sessions are made with 1
     one = dataclasses.replace(profile, thread_scaling={"target": {1: 1.0, 2: 1.5}, "drafter": {1: 1.0, 2: 1.5},
                                                        "target_threads": 1, "drafter_threads": 1})
