@@ -87,7 +87,9 @@ class DevicePlanning:
         self.quiet_checked = False        # _quiet_now ran (once per decoder)
         self.guess_steps = self.guesses_kept = 0    # lookup guesses on this decoder's outputs (lookup_share)
         self.fill_ms, self.drafted_tokens = 0.0, 0   # the drafter's window fills, and the tokens of their generations
-        self.realized: float | None = None  # drafter generations' speedup over the fastest plain decoding, as run
+        self.realized: float | None = None  # drafter generations' speedup over the target's own decoding, as run
+        self.realized_lookup: float | None = None   # ... and that of generations with lookup drafts alone
+        self.lookup_without = 0           # generations without lookup drafts since they last ran (re-probes)
 
     def acceptance(self) -> float | None:
         """The drafter's per-position acceptance over its life in this decoder, None before MIN_REACHED positions."""
@@ -122,6 +124,8 @@ class DevicePlanning:
             plan = replace(plan, reasons=plan.reasons + (
                 f"the drafter's generations here ran {self.realized:.2f}x the fastest plain decoding (their decode "
                 f"time, window fill included): it {'keeps running' if keep else 'stops'}",))
+        if not plan.drafter:
+            plan = self._plain_mode(plan)
         self.drafter_running = plan.drafter
         if plan.drafter:
             self.generations_without = 0
@@ -136,6 +140,26 @@ class DevicePlanning:
         return replace(prior, acceptance=plan.acceptance, reasons=plan.reasons + (
             f"the drafter runs once every {REPROBE_EVERY + 1} generations to keep its acceptance measured",))
 
+    def _plain_mode(self, plan):
+        """Without the drafter: prompt-lookup drafts and guesses (`ngram`) or the target's own 1-token steps
+        (`ar-fast`), as the lookup generations realized here decide; with lookup off, one generation in
+        REPROBE_EVERY + 1 still runs it (what the app sends may start to repeat itself)."""
+        r = self.realized_lookup
+        if r is None or plan.gamma_max == 0:
+            return plan
+        if r >= KEEP_MARGIN:
+            self.lookup_without = 0
+            how, steps = "its lookup drafts keep running", "exact"
+        elif self.lookup_without >= REPROBE_EVERY:
+            self.lookup_without = 0
+            how, steps = f"its lookup drafts run once every {REPROBE_EVERY + 1} generations to keep measuring them", \
+                "exact"
+        else:
+            self.lookup_without += 1
+            how, steps = "plain 1-token steps without lookup drafts", "fast"
+        return replace(plan, plain_steps=steps, reasons=plan.reasons + (
+            f"generations with lookup drafts alone ran {r:.2f}x the target's own decoding here: {how}",))
+
     def after_generation(self, dec, stats, prompt_ids=(), output_ids=()) -> None:
         """Book the generation's drafter acceptance (its governor's counts), its timed forwards and, where
         the plan's steps pad (1-token steps may be faster), how often a lookup guess would have been kept
@@ -146,10 +170,12 @@ class DevicePlanning:
         if stats.draft_forwards:
             self.fill_ms += stats.draft_prefill_ms
             self.drafted_tokens += max(stats.new_tokens - stats.prefill_tokens, 1)
+        if stats.draft_forwards or stats.drafted or stats.guesses:       # it speculated: judge it as run
             speedup = realized_speedup(stats, self.profile, self.plan)
-            if speedup is not None:
-                self.realized = speedup if self.realized is None else \
-                    (1.0 - REALIZED_WEIGHT) * self.realized + REALIZED_WEIGHT * speedup
+            if speedup is not None and stats.draft_forwards:
+                self.realized = _average(self.realized, speedup)
+            elif speedup is not None:
+                self.realized_lookup = _average(self.realized_lookup, speedup)
         for k, ms in stats.verify_ms_by_k.items():
             self.live_ms.extend((k, m) for m in ms if k > 1 or not unpadded)
         if self.profile is not None and self.plan.step_tokens >= 2 and len(output_ids) > 1:
@@ -215,11 +241,17 @@ class DevicePlanning:
                 _RUNNING.remove(self.measuring)
 
 
+def _average(old: float | None, new: float) -> float:
+    """The realized speedups' running average, REALIZED_WEIGHT to the newest."""
+    return new if old is None else (1.0 - REALIZED_WEIGHT) * old + REALIZED_WEIGHT * new
+
+
 def realized_speedup(stats, profile, plan) -> float | None:
-    """A drafter generation's decode rate over the fastest plain decoding the profile gives on the plan's
-    graph, at this generation's context and load: its time after the first token (window fill and catch-up
-    included, session builds not) per token, against the profile's plain step scaled by how much slower
-    than the profile this generation's own target forwards ran. None without a profile or enough tokens."""
+    """A speculative generation's decode rate over the target's own decoding (unpadded 1-token steps:
+    `ar-fast`, what onnxruntime-genai runs) on the plan's graph, at this generation's context and load: its
+    time after the first token (window fill and catch-up included, session builds not) per token, against
+    the profile's 1-token step scaled by how much slower than the profile this generation's own target
+    forwards ran. None without a profile or enough tokens."""
     tokens = stats.new_tokens - stats.prefill_tokens
     g = profile.graphs.get(plan.step_graph) if profile is not None else None
     if g is None or not g.measured or tokens < MIN_REALIZED_TOKENS:
@@ -227,16 +259,10 @@ def realized_speedup(stats, profile, plan) -> float | None:
     width = lambda k: max(k, plan.step_tokens)         # noqa: E731 - exact steps pad to step_tokens
     ratios = [ms / g.cost_ms[width(k) - 1] for k, runs in stats.verify_ms_by_k.items() for ms in runs
               if width(k) <= len(g.cost_ms)]
-    plain = [r for (name, k), r in plan_rates(profile, plan).items() if name == plan.step_graph and k in (0, "1-token")]
-    if not ratios or not plain:
+    if not ratios:
         return None
     decode_ms = stats.total_ms - stats.ttft_ms - stats.drafter_load_ms
-    return 1000.0 / max(plain) * median(ratios) * tokens / max(decode_ms, 1e-6)
-
-
-def plan_rates(profile, plan) -> dict:
-    """The plan's rates, or the profile's plan's where the plan has none (the export's)."""
-    return plan.rates or make_plan(profile, graph=plan.step_graph).rates
+    return g.cost_ms[0] * median(ratios) * tokens / max(decode_ms, 1e-6)
 
 
 def wait_for_profile(decoder) -> None:

@@ -86,3 +86,38 @@ def test_a_drafter_that_pays_as_run_keeps_running_where_the_formula_says_stop(av
     for _ in range(4):
         planning.after_generation(DEC, drafter_generation(avx2, 1.4))
     assert planning.current().drafter
+
+
+def lookup_generation(profile, speedup: float) -> GenerationStats:
+    """A generation of lookup drafts and guesses alone (no drafter forward) at `speedup` x the target's own
+    decoding."""
+    stats = drafter_generation(profile, speedup)
+    stats.draft_forwards, stats.draft_prefill_ms, stats.drafted, stats.guesses = 0, 0.0, 30, 10
+    return stats
+
+
+def test_lookup_drafts_that_lose_as_run_give_way_to_the_targets_own_steps(avx2):
+    """Without the drafter, generations of lookup drafts alone are judged as run too: below 1.0x the
+    target's own decoding the default runs `ar-fast` (plain 1-token steps), re-probing lookup 1 in 9."""
+    planning = DevicePlanning(None, 2, "cpu", avx2, make_plan(avx2, 0.38), measure=False)
+    planning.after_generation(DEC, drafter_generation(avx2, 0.6))          # the drafter stops
+    planning.after_generation(DEC, lookup_generation(avx2, 1.3))           # lookup pays (an edit)
+    plan = planning.current()
+    assert not plan.drafter and plan.plain_steps == "exact" and "1.30x" in plan.reasons[-1]
+    for _ in range(3):
+        planning.after_generation(DEC, lookup_generation(avx2, 0.8))       # then it does not
+    assert planning.realized_lookup < 1.0
+    modes = []
+    for _ in range(2 * (REPROBE_EVERY + 1)):
+        plan = planning.current()
+        modes.append("drafter" if plan.drafter else plan.plain_steps)
+        if plan.drafter:
+            planning.after_generation(DEC, drafter_generation(avx2, 0.6))
+        elif plan.plain_steps == "exact":
+            planning.after_generation(DEC, lookup_generation(avx2, 0.8))
+        else:
+            planning.after_generation(DEC, plain_generation())
+    # mostly the target's own steps; lookup and the drafter each re-probed about once in REPROBE_EVERY + 1
+    assert modes.count("fast") >= 2 * REPROBE_EVERY - 4 and 1 <= modes.count("exact") <= 3 and modes.count("drafter") <= 3
+    plan = planning.current()
+    assert plan.drafter or plan.plain_steps == "exact" or "plain 1-token steps without lookup drafts" in plan.reasons[-1]
