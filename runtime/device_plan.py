@@ -11,9 +11,10 @@ running one stops only below KEEP_MARGIN, both counting the drafter's window fil
 in this decoder's generations that ran it. Where the plan's steps pad, it also books how often a lookup
 guess would have been kept on each output (lookup.guess_record), which decides between padded plain
 steps with guesses and unpadded 1-token ones (runtime/plan.py). The formula is the prior: once a
-generation has run the drafter, what such generations realized decides (`realized_speedup`: their decode
-rate, window fill and catch-up included, over the fastest plain decoding at their own context and load,
-an average weighted REALIZED_WEIGHT to the latest): the drafter runs while that is KEEP_MARGIN or more.
+generation has speculated, what such generations realized decides (`realized_speedup`: their decode
+rate, window fill and catch-up included, over the target's own 1-token steps at their own context and
+load, an average weighted REALIZED_WEIGHT to the latest): the drafter runs while its generations'
+average is KEEP_MARGIN or more, and without it lookup drafts run while theirs is (`_plain_mode`).
 Where the drafter stopped paying, every REPROBE_EVERY-th generation still runs it, so that what it does
 on the prompts this app sends keeps being measured. Inside a generation the draft-length governor moves
 between drafter rounds and plain steps round by round (runtime/governor.py); a generation's choice
