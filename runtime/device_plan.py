@@ -46,9 +46,9 @@ from dataclasses import replace
 from statistics import median
 
 from edgespec.runtime.device_profile import ensure_profile, graph_paths, profile_mode
-from edgespec.runtime.thread_scaling import BUSY_CORES, others_busy_now
 from edgespec.runtime.lookup import guess_record
 from edgespec.runtime.plan import DRAFTER_MARGIN, KEEP_MARGIN, make_plan
+from edgespec.runtime.thread_scaling import BUSY_CORES, others_busy_now
 
 MIN_REACHED = 64         # draft positions reached before the measured acceptance replaces the prior
 REPROBE_EVERY = 8        # generations without the drafter between two with it, once it stopped paying
@@ -57,7 +57,7 @@ LIVE_SAMPLES = 24        # live forwards before they are compared with the profi
 LIVE_KEPT = 256          # the latest live forwards kept
 MIN_GUESSES = 64         # simulated lookup guesses before their kept share replaces the plan's prior
 MIN_FILL_TOKENS = 256    # tokens of drafter generations before their window fill counts in the plan
-REALIZED_WEIGHT = 0.4    # weight of the latest drafter generation in the realized speedup (a few decide)
+REALIZED_WEIGHT = 0.4    # weight of the latest generation in a mode's realized speedup (a few decide)
 MIN_REALIZED_TOKENS = 8  # a generation shorter than this says too little about its rate
 _RUNNING: list[threading.Thread] = []
 
@@ -123,7 +123,7 @@ class DevicePlanning:
                 plan = make_plan(self.profile, alpha, graph=graph, margin=0.0 if keep else float("inf"),
                                  lookup_kept=kept, fill_ms=fill)
             plan = replace(plan, reasons=plan.reasons + (
-                f"the drafter's generations here ran {self.realized:.2f}x the fastest plain decoding (their decode "
+                f"the drafter's generations here ran {self.realized:.2f}x the target's own decoding (their decode "
                 f"time, window fill included): it {'keeps running' if keep else 'stops'}",))
         if not plan.drafter:
             plan = self._plain_mode(plan)

@@ -43,7 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.paths import cache_home
-from edgespec.runtime.thread_scaling import BUSY_CORES, cpu_seconds, probe_step, scale_threads, session_threads
+from edgespec.runtime.thread_scaling import (BUSY_CORES, cpu_seconds, others_busy, probe_step, scale_threads,
+                                             session_threads)
 from edgespec.runtime.verdicts import cpu_signature
 
 VERSION = 1
@@ -278,7 +279,8 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
         return ModelRunner(sess, side, (bundle.target if side == "target" else bundle.drafter).max_position,
                            exact=False)
 
-    scaling, target_n, drafter_n = None, resolve_threads(threads), resolve_threads(threads)
+    scaling, given = None, set(built)
+    target_n = drafter_n = resolve_threads(threads)
     if threads is None and cpu:
         cores, first = allowed_cores(), next(paths[n] for n in GRAPHS if n in paths)
         target_ms, target_n = scale_threads(lambda n: probe_step(runner_at(first, n, "target"), ids, PREFIX), cores)
@@ -287,6 +289,8 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
             drafter_ms, drafter_n = scale_threads(
                 lambda n: probe_step(runner_at(bundle.drafter.onnx, n, "drafter"), dids, PREFIX), cores)
             scaling.update(drafter=drafter_ms, drafter_threads=drafter_n)
+        # free the sessions of counts not chosen (a 1.5B int4 target's is about 1 GB)
+        built = {key: s for key, s in built.items() if key in given or key[1] in (target_n, drafter_n)}
     graphs: dict[str, GraphProfile] = {}
     for name in GRAPHS:
         if name not in paths:
@@ -305,12 +309,11 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
     drafter_ms = None
     if dids is not None:
         drafter_ms = probe_step(runner_at(bundle.drafter.onnx, drafter_n, "drafter"), dids, PREFIX, DRAFTER_STEPS)
-    wall, cpu1 = time.perf_counter() - t0, cpu_seconds()
-    others = None if cpu0 is None or cpu1 is None else \
-        round(max(0.0, (cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1])) / max(wall, 1e-6), 3)
+    wall = time.perf_counter() - t0
+    others = others_busy(cpu0, cpu_seconds(), wall)
     return DeviceProfile(key=profile_key(bundle, threads, ep), graphs=graphs, drafter_step_ms=drafter_ms,
                          measure_s=round(wall, 3), measured_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                         thread_scaling=scaling, others_busy_cores=others)
+                         thread_scaling=scaling, others_busy_cores=None if others is None else round(others, 3))
 
 
 def ensure_profile(bundle, threads: int | None, remeasure: bool = False, ep="cpu",

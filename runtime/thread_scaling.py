@@ -56,10 +56,14 @@ def others_busy_now(window_s: float = 0.1) -> float | None:
     """Cores other processes keep busy now, on average over `window_s` (None where it cannot be read)."""
     c0, t0 = cpu_seconds(), time.perf_counter()
     time.sleep(window_s)
-    c1, wall = cpu_seconds(), time.perf_counter() - t0
-    if c0 is None or c1 is None:
+    return others_busy(c0, cpu_seconds(), time.perf_counter() - t0)
+
+
+def others_busy(before, after, wall_s: float) -> float | None:
+    """Cores other processes kept busy between two `cpu_seconds()` readings `wall_s` apart, on average."""
+    if before is None or after is None:
         return None
-    return max(0.0, (c1[0] - c0[0]) - (c1[1] - c0[1])) / wall
+    return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / max(wall_s, 1e-6)
 
 
 def cpu_seconds() -> tuple[float, float] | None:

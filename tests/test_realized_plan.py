@@ -64,7 +64,7 @@ def test_a_drafter_that_loses_as_run_stops_within_a_few_generations(avx2):
     planning.after_generation(DEC, drafter_generation(avx2, 0.7))
     plan = planning.current()
     assert not plan.drafter and plan.plain_steps == "fast"          # the fastest plain decoding: ar-fast
-    assert "ran 0.70x the fastest plain decoding" in plan.reasons[-1] and "stops" in plan.reasons[-1]
+    assert "ran 0.70x the target's own decoding" in plan.reasons[-1] and "stops" in plan.reasons[-1]
     runs = []
     for _ in range(3 * (REPROBE_EVERY + 1)):
         plan = planning.current()
