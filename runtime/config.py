@@ -19,7 +19,6 @@ from edgespec.errors import GenerationError
 from edgespec.runtime.answer_store import DEFAULT_STORE_MB, check_store_mb
 from edgespec.runtime.checks import (DEFAULT_DRAFTER_WINDOW, DEFAULT_MAX_DRAFT_LENGTH, check_draft_length,
                                      check_drafter_window, check_plain_steps, check_strategy_options)
-from edgespec.runtime.rounds import draft_tokens
 from edgespec.runtime.sessions import check_threads
 from edgespec.runtime.strategies import Strategy, get_strategy
 
@@ -69,7 +68,7 @@ class DecodeConfig:
             if a != "auto" and (isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 < float(a) <= 1.0):
                 raise GenerationError(f"draft_probability must be in (0, 1] or 'auto', got {a!r}")
             s = self.strategy
-            if s.name != "auto" and (not s.uses_drafter or s.propose is not draft_tokens):
+            if s.name != "auto" and not s.token_level:
                 raise GenerationError(f"draft_probability needs a token-level drafting strategy (tli, sd, rdk-taylor, "
                                       f"rdk), not {s.name!r}")
         object.__setattr__(self, "options", MappingProxyType(check_strategy_options(dict(self.options))))

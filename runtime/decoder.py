@@ -14,38 +14,32 @@ arrays and, for randomised drafting with concurrent_draft=True, one worker threa
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from edgespec.errors import BundleError, GenerationError
+from edgespec.errors import GenerationError
+from edgespec.runtime.build import build_shared
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.checks import DEFAULT_MAX_NEW_TOKENS, check_generation_args
-from edgespec.runtime.config import (DEFAULT_DRAFT_LENGTH, DEFAULT_STRATEGY, SESSION_OPTIONS, DecodeConfig,
-                                     check_decoder_settings, with_deprecated)
-from edgespec.runtime.chat import as_messages, compile_template, render_chat
-from edgespec.runtime.context import drafter_context
-from edgespec.runtime.device_profile import graph_paths, plan_for
+from edgespec.runtime.config import (DEFAULT_DRAFT_LENGTH, DEFAULT_STRATEGY, DecodeConfig, check_decoder_settings,
+                                     with_deprecated)
+from edgespec.runtime.chat import as_messages, render_chat
+from edgespec.runtime.device_profile import plan_for
 from edgespec.runtime.device_plan import DevicePlanning
-from edgespec.runtime.governor import Governor
 from edgespec.runtime.grammar import start_constraint
-from edgespec.runtime.kv import DeferredRunner, ModelRunner
-from edgespec.runtime.plan import MAX_GAMMA
 from edgespec.runtime.randomised import draft_randomised
-from edgespec.runtime.shared import Setup, Shared
+from edgespec.runtime.records import step_plan
+from edgespec.runtime.shared import Setup
 from edgespec.runtime.generation import Generation
 from edgespec.runtime.sampling import make_rng
-from edgespec.runtime.sessions import CPU, create_session, create_sessions, is_cpu_only, prefill_graph_request
 from edgespec.runtime.stats import GenerationStats
-from edgespec.runtime.strategies import choose_auto, get_strategy
+from edgespec.runtime.strategies import choose_auto, for_bundle, get_strategy
 from edgespec.runtime.text import TextState
-from edgespec.runtime.verdicts import remembered
 
 @dataclass
 class GenerationResult:
@@ -72,108 +66,50 @@ class SpeculativeDecoder:
         # knobs and strategy options (config.split_options); `deprecated`: their keyword form of earlier releases
         config, session = check_decoder_settings(strategy, draft_length, threads, draft_probability,
                                                  options=with_deprecated(options, deprecated))
-        draft_ep, draft_threads, defer_drafter, store_mb = (session[k] for k in SESSION_OPTIONS)
         if not isinstance(bundle, Bundle):
             bundle = Bundle.load(bundle)
         self.bundle = bundle
-        strat = config.strategy
-        if not bundle.has_drafter and strat.name == "auto":
-            config = replace(config, strategy=get_strategy("ngram"))   # the one speculation a target-only bundle can do
-        elif not bundle.has_drafter and strat.uses_drafter:
-            raise GenerationError(f"bundle {bundle.path} has no drafter: strategy {strat.name!r} needs one; use "
-                                  "strategy 'ngram' (prompt lookup) or 'ar', or export a pair")
-        uses_drafter = config.strategy.uses_drafter
-        if uses_drafter and config.strategy.check:      # refuse before paying for the sessions
-            config.strategy.check(bundle, dict(config.options))
+        config = replace(config, strategy=for_bundle(config.strategy, bundle))
+        config = self._checked(config)                  # refuse before paying for the sessions
         # this machine's plan (runtime/plan.py): which graph runs the target, whether the drafter pays
         self.planning = DevicePlanning(bundle, threads, ep, *plan_for(bundle, threads, ep),
                                        measure=strategy == "auto")
-        step_graph = self.planning.plan.step_graph
-        if step_graph == "prefill":
-            prefill_graph = False          # the graph itself
+        plan, strat = self.planning.plan, config.strategy
         # alone (no drafter session), the target's threads keep spinning between steps (sessions.py); so
         # do an `auto` decoder's where this machine's plan starts without the drafter
-        beside = uses_drafter and (config.strategy.name != "auto" or self.planning.plan.drafter)
-        # threads=None: the counts this machine's thread scaling chose (device_profile), else every core
-        target_threads = threads if threads is not None else self.planning.plan.threads
-        if draft_threads is None:
-            draft_threads = threads if threads is not None else self.planning.plan.draft_threads
-        requests = [dict(model_path=graph_paths(bundle)[step_graph], ep=ep, threads=target_threads,
-                         allow_fallback=allow_fallback, role="target", stop_spinning=beside)]
-        prefill_request, prefill_now, prefill_from = prefill_graph_request(bundle, prefill_graph, ep, requests[0],
-                                                                           defer_drafter)
-        if prefill_now:
-            requests.append(prefill_request)
-        drafter_request = None
-        if uses_drafter:
-            drafter_request = dict(model_path=bundle.drafter.onnx, ep=ep if draft_ep is None else draft_ep,
-                                   threads=draft_threads,
-                                   allow_fallback=allow_fallback, role="drafter")
-        # The drafter's session waits for its first forward (kv.DeferredRunner) on the CPU EP; other EPs
-        # build it now, so that an EP that fails to load says so here. Built now, a pair's two sessions
-        # are built at the same time (create_sessions), and the text side is made ready meanwhile.
-        defer = bool(drafter_request) and defer_drafter and is_cpu_only(drafter_request["ep"])
-        sessions = create_sessions(requests + ([drafter_request] if drafter_request and not defer else []),
-                                   beside=lambda: _prepare_text(bundle))
-        tinfo = bundle.target.info
-        sess, target_session_info = sessions.pop(0)
-        prefill = sessions.pop(0)[0] if prefill_now else None
-        later = (lambda: create_session(**prefill_request)[0]) if prefill_request and not prefill_now else None
-        target = ModelRunner(sess, "target", bundle.target.max_position, prefill_session=prefill,
-                                  prefill_factory=later, prefill_from=prefill_from,
-                                  remember_chunks=None if prefill_request is None else partial(
-                                      remembered, bundle.target.prefill_onnx, "prefill_chunks_exact", threads))
-        # the plan's step width; on another EP the runner's own probe may have padded (runtime/probes.py)
-        target.min_tokens = self.planning.plan.step_tokens if is_cpu_only(ep) else \
-            max(target.min_tokens, self.planning.plan.step_tokens)
-        self._check_runner(target, tinfo, bundle.target.vocab_size, "target")
-        if prefill is not None:
-            target.check_prefill_chunks()
-        drafter = text_context = None
-        if uses_drafter:
-            if defer:
-                drafter = DeferredRunner(lambda: self._drafter_runner(create_session(**drafter_request)),
-                                         bundle.drafter.max_position, [CPU])
-            else:
-                drafter = self._drafter_runner(sessions[0])
-            text_context = drafter_context(bundle)          # token tables: built once per decoder
-        self._shared = Shared(bundle, target, drafter, text_context, target_session_info, store_mb)
+        alone = not strat.uses_drafter or strat.name == "auto" and not plan.drafter
+        self.shared = build_shared(bundle, plan, ep, threads, session, with_drafter=strat.uses_drafter,
+                                   target_alone=alone, prefill_graph=prefill_graph, allow_fallback=allow_fallback)
         self._configure(config)
 
+    def _checked(self, config: DecodeConfig) -> DecodeConfig:
+        """The config resolved for this bundle (the drafter's context window) and its strategy's options
+        checked: once per decoder or variant, before anything is built for it."""
+        config = config.resolved(self.bundle, self.bundle.drafter.max_position if self.bundle.has_drafter else None)
+        if config.strategy.check:
+            config.strategy.check(self.bundle, dict(config.options))
+        return config
+
     def _configure(self, config: DecodeConfig) -> None:
-        """Take a checked config on this decoder's sessions: the variant's Setup (the strategy's
+        """Take a checked config (_checked) on this decoder's sessions: the variant's Setup (the strategy's
         precomputed tables, the governors and the per-round arrays)."""
         strat = config.strategy
-        if strat.uses_drafter and not self.bundle.has_drafter:
-            raise GenerationError(f"bundle {self.bundle.path} has no drafter: strategy {strat.name!r} needs one; "
-                                  "use strategy 'ngram' (prompt lookup) or 'ar'")
-        if strat.uses_drafter and self._shared.drafter is None:
+        if strat.uses_drafter and self.shared.drafter is None:
             raise GenerationError(f"strategy {strat.name!r} needs a drafter session; this decoder was created "
                                   "with 'ar' and has none")
-        self.config = config = config.resolved(self.bundle, self.bundle.drafter.max_position
-                                               if self._shared.drafter else None)
-        if strat.check:
-            strat.check(self.bundle, dict(config.options))
+        self.config = config
         self.setup = Setup(config, strat.prepare(self.bundle, dict(config.options)), self.bundle.target.vocab_size)
         self._auto: dict = {}                  # strategy="auto": the decoder chosen per sampling mode
         self.last_result: GenerationResult | None = None
-        self._last_generation: Generation | None = None
+        self.last_generation: Generation | None = None
 
     @property
     def strategy(self):
         return self.config.strategy
 
-    # what one variant has of its own (shared.Setup) and what all share (shared.Shared)
-    governor = property(lambda self: self.setup.governor)
-    source_governors = property(lambda self: self.setup.source_governors)
-    prepared = property(lambda self: self.setup.prepared)
-    target = property(lambda self: self._shared.target)
-    target_session_info = property(lambda self: self._shared.target_session_info)
-    drafter = property(lambda self: self._shared.drafter if self.strategy.uses_drafter else None)
-
-    def governor_for(self, source: str | None) -> Governor | None:
-        """The draft-length governor of a round from `source` (None: the strategy's only proposer)."""
-        return self.setup.governor_for(source)
+    # the runners, for profiling: what all variants share (shared.Shared); a variant's own is its `setup`
+    target = property(lambda self: self.shared.target)
+    drafter = property(lambda self: self.shared.drafter if self.strategy.uses_drafter else None)
 
     def variant(self, strategy: str | None = None, draft_length: int | str | None = None,
                 draft_probability: float | str | None = None, **changes) -> "SpeculativeDecoder":
@@ -185,31 +121,20 @@ class SpeculativeDecoder:
         any of them."""
         fields = {f.name for f in dataclasses.fields(DecodeConfig)} - {"strategy", "options"}
         options = {k: changes.pop(k) for k in list(changes) if k not in fields}
-        strat = get_strategy(strategy) if strategy is not None else self.strategy
-        if strat.name == "auto" and not self.bundle.has_drafter:
-            strat = get_strategy("ngram")
+        strat = for_bundle(get_strategy(strategy) if strategy is not None else self.strategy, self.bundle)
         if draft_length is None:
             draft_length = self.config.draft_length if strat.speculative else 1
         config = replace(self.config, strategy=strat, draft_length=draft_length, draft_probability=draft_probability,
                          options=options, **changes)
         new = object.__new__(SpeculativeDecoder)      # the same bundle, plan and Shared; its own Setup
-        new.bundle, new.planning, new._shared = self.bundle, self.planning, self._shared
-        new._configure(config)
+        new.bundle, new.planning, new.shared = self.bundle, self.planning, self.shared
+        new._configure(new._checked(config))
         return new
 
     # ------------------------------------------------------------------ resources
-    @property
-    def prefix_cache(self) -> PrefixCache:
-        return self._shared.prefix
-
-    @property
-    def generation_id(self) -> int:
-        """Number of the newest generation of this decoder and its variants."""
-        return self._shared.generation
-
     def close(self) -> None:
         """Stop the worker thread, if one was started (a later generation starts a new one)."""
-        self._shared.close()
+        self.shared.close()
 
     def __enter__(self) -> "SpeculativeDecoder":
         return self
@@ -218,11 +143,10 @@ class SpeculativeDecoder:
         self.close()
 
     # ------------------------------------------------------------------ checks
-    def _resolved(self, greedy: bool) -> "SpeculativeDecoder":
-        """This decoder, or for strategy="auto" the variant it stands for in this sampling mode."""
+    def _resolved(self, plan, greedy: bool) -> "SpeculativeDecoder":
+        """This decoder, or for strategy="auto" the variant it stands for under `plan` in this sampling mode."""
         if self.strategy.name != "auto":
             return self
-        plan = self.planning.current()
         fast = plan.plain_steps == "fast"
         name = choose_auto(self.bundle, greedy, randomised=self.config.draft_probability is not None,
                            drafter=plan.drafter, exact=plan.gamma_max > 0, fast_plain=fast)
@@ -231,42 +155,16 @@ class SpeculativeDecoder:
             steps = {"plain_steps": "fast"} if key[1] else {}
             self._auto[key] = self.variant(name, draft_probability=self.config.draft_probability,
                                            **steps, **self.config.options)
-        dec = self._auto[key]
-        drafting = dec.setup.drafter_governor()
-        if drafting is not None:   # drafter rounds keep to the plan's gamma range, which plan.py rates up to
-            # MAX_GAMMA drafts: a max_draft_length above that is the caller's and is honoured, not capped
-            drafting.cap = max(plan.gamma_max, 1) if drafting.gamma_max <= MAX_GAMMA else drafting.gamma_max
-        return dec
-
-    def _check_runner(self, runner: ModelRunner, info: dict, width: int, role: str) -> None:
-        if isinstance(runner.vocab, int) and runner.vocab != width:
-            raise BundleError(f"bundle {self.bundle.path}: {role} graph emits {runner.vocab} logits, manifest expects {width}")
-        layers = info.get("num_layers")
-        if layers and len(runner.past_names) != 2 * int(layers):
-            raise BundleError(f"bundle {self.bundle.path}: {role} graph has {len(runner.past_names)} past inputs, "
-                              f"manifest says {layers} layers")
-
-    def _drafter_runner(self, made: tuple) -> ModelRunner:
-        """The drafter's runner over a created (session, SessionInfo), checked against the bundle."""
-        sess, info = made
-        runner = ModelRunner(sess, "drafter", self.bundle.drafter.max_position, exact=False)
-        runner.session_info = info
-        self._check_runner(runner, self.bundle.drafter.info, self.bundle.kept, "drafter")
-        names = [n for n in ("index_map", "draft_ids") if n in runner.extra_outputs]
-        for name, arr in zip(names, runner.run_extra(names) if names else ()):
-            if not np.array_equal(np.asarray(arr).reshape(-1), getattr(self.bundle, name)):
-                raise BundleError(f"bundle {self.bundle.path}: the drafter graph's {name} differs from vocab/{name}.npy "
-                                  "(mismatched bundle)")
-        return runner
+        return self._auto[key]
 
     @property
     def drafter_session_info(self):
         """The drafter session's SessionInfo (None: no drafter, or one not built yet)."""
-        return self._shared.drafter_session_info() if self.drafter is not None else None
+        return self.shared.drafter_session_info() if self.drafter is not None else None
 
     @property
     def providers(self) -> dict:
-        return self._shared.providers(with_drafter=self.drafter is not None)
+        return self.shared.providers(with_drafter=self.drafter is not None)
 
     # ------------------------------------------------------------------ prompts
     def encode_prompt(self, prompt, chat: bool = False) -> list[int]:
@@ -300,7 +198,7 @@ class SpeculativeDecoder:
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: str | Sequence[str] | None = None, chat: bool = False, **constraint) -> GenerationResult:
         """`constraint`: structured output (docs/structured-output.md); `draft_scope`: docs/runtime.md."""
-        with self._shared.lock:      # calls on one decoder (and its variants) run one at a time
+        with self.shared.lock:      # calls on one decoder (and its variants) run one at a time
             for _ in self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=False,
                                **constraint):
                 pass
@@ -313,7 +211,7 @@ class SpeculativeDecoder:
         stats included, is in `self.last_result` once the generator ends or is closed. Arguments are
         checked when this is called, not at the first `next()`."""
         run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, **constraint)
-        with self._shared.lock:
+        with self.shared.lock:
             next(run)  # runs the argument checks now; the first yield carries no text
         return self._locked(run)
 
@@ -322,19 +220,19 @@ class SpeculativeDecoder:
         and a call that starts between two steps supersedes the stream (its next step says so)."""
         try:
             while True:
-                with self._shared.lock:
+                with self.shared.lock:
                     try:
                         delta = next(run)
                     except StopIteration:
                         return
                 yield delta
         finally:
-            with self._shared.lock:
+            with self.shared.lock:
                 run.close()
 
     def grammar_state(self, **constraint):
         """A fresh matcher for one generation's constraint, or None (grammar.start_constraint)."""
-        return start_constraint(self.bundle, self._shared, **constraint)
+        return start_constraint(self.bundle, self.shared, **constraint)
 
     # ------------------------------------------------------------------ the loop
     def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=True,
@@ -349,13 +247,15 @@ class SpeculativeDecoder:
         if limit and len(prompt_ids) + max_new_tokens > limit:
             raise GenerationError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                                   f"target's context length {limit}")
-        dec = self._resolved(params.greedy)
+        plan = self.planning.current()
+        dec = self._resolved(plan, params.greedy)
+        step = step_plan(plan, dec.config, self.target.min_tokens, auto=self.strategy.name == "auto")
         # randomised drafting's no-draft rows are not masked by a grammar: constrained, it drafts as TLI
         randomised = dec.config.draft_probability is not None and not params.greedy and grammar is None
-        gen = Generation(self._shared, dec.setup, prompt_ids, params, make_rng(seed), int(max_new_tokens), t_start,
+        gen = Generation(self.shared, dec.setup, step, prompt_ids, params, make_rng(seed), int(max_new_tokens), t_start,
                          propose=draft_randomised if randomised else None, grammar=grammar,
                          jump_forward=bool(jump_forward), scope=draft_scope)
-        self._last_generation = gen          # for debugging and the profiler
+        self.last_generation = gen           # its state, open to inspection (drafter context, grammar)
         text_state = TextState(self.bundle.target.tokenizer, stops)
         reason, finished, kv_ids = "interrupted", False, None
         yield ""
@@ -380,19 +280,9 @@ class SpeculativeDecoder:
             raise
         finally:
             gen.finish(reason, finished, kv_ids)
-            self.planning.after_generation(dec, gen.stats, prompt_ids, gen.generated)
-            if gen.id == self._shared.generation:   # a superseded stream must not overwrite a newer result
+            self.planning.after_generation(gen.record(), self.shared)
+            if gen.id == self.shared.generation:   # a superseded stream must not overwrite a newer result
                 self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,
                     token_ids=list(gen.generated), stats=gen.stats, prompt_token_ids=prompt_ids)
 
-
-def _prepare_text(bundle: Bundle) -> None:
-    """Parse the tokenizers a load left for first use, and compile the chat template (a template that
-    does not compile fails at the first chat call, as before: plain prompts still work)."""
-    for side in (bundle.target, bundle.drafter):
-        if side is not None:
-            side.tokenizer
-    if bundle.target.chat_template:
-        with contextlib.suppress(GenerationError):
-            compile_template(bundle.target.chat_template)

@@ -78,7 +78,7 @@ class DevicePlanning:
         self.measure = measure             # measure a missing profile (decoders of strategy "auto" do)
         self.profile = profile
         self.plan = plan                   # the plan the decoder's sessions were made for
-        self.drafter_governor = None       # the governor of the drafter's rounds, once any ran
+        self.drafter_reached = self.drafter_accepted = 0     # the drafter rounds' draft positions, all generations
         self.drafter_running = plan.drafter    # the last plan ran the drafter (its margin: KEEP_MARGIN)
         self.generations_without = 0      # generations since the drafter last ran, once it stopped paying
         self.measuring: threading.Thread | None = None
@@ -94,10 +94,9 @@ class DevicePlanning:
 
     def acceptance(self) -> float | None:
         """The drafter's per-position acceptance over its life in this decoder, None before MIN_REACHED positions."""
-        g = self.drafter_governor
-        if g is None or g.total_reached < MIN_REACHED:
+        if self.drafter_reached < MIN_REACHED:
             return None
-        return g.total_accepted / g.total_reached
+        return self.drafter_accepted / self.drafter_reached
 
     def lookup_share(self) -> float | None:
         """The share of padded plain steps whose lookup guess would have been kept on this decoder's
@@ -161,13 +160,15 @@ class DevicePlanning:
         return replace(plan, plain_steps=steps, reasons=plan.reasons + (
             f"generations with lookup drafts alone ran {r:.2f}x the target's own decoding here: {how}",))
 
-    def after_generation(self, dec, stats, prompt_ids=(), output_ids=()) -> None:
-        """Book the generation's drafter acceptance (its governor's counts), its timed forwards and, where
-        the plan's steps pad (1-token steps may be faster), how often a lookup guess would have been kept
-        on its output; where this machine has no profile yet, or its profile is stale (module
-        docstring), start measuring it."""
-        self.drafter_governor = dec.setup.drafter_governor() or self.drafter_governor
-        unpadded = dec.config.plain_steps == "fast" and self.plan.step_tokens >= 2    # not the profile's widths
+    def after_generation(self, record, shared) -> None:
+        """Book a finished generation's record (records.GenerationRecord): its drafter acceptance, its timed
+        forwards and, where the plan's steps pad (1-token steps may be faster), how often a lookup guess
+        would have been kept on its output; where this machine has no profile yet, or its profile is
+        stale (module docstring), start measuring it on the decoder's sessions (`shared`: shared.Shared)."""
+        stats, prompt_ids, output_ids = record.stats, record.prompt_ids, record.output_ids
+        self.drafter_reached += record.drafter_reached
+        self.drafter_accepted += record.drafter_accepted
+        unpadded = record.step.unpadded         # its plain steps are not the profile's widths
         if stats.draft_forwards:
             self.fill_ms += stats.draft_prefill_ms
             self.drafted_tokens += max(stats.new_tokens - stats.prefill_tokens, 1)
@@ -195,7 +196,7 @@ class DevicePlanning:
                 if beside else f"this machine's forwards run {1 / ratio:.1f}x faster than it says (measured while " \
                                "the CPU was busy)"
             print(f"edgespec: the device profile is measured again: {why}", file=sys.stderr)
-        self.measuring = threading.Thread(target=self._measure, args=(dec, remeasure), daemon=True,
+        self.measuring = threading.Thread(target=self._measure, args=(shared, remeasure), daemon=True,
                                           name="edgespec-device-profile")
         _RUNNING.append(self.measuring)
         self.measuring.start()
@@ -224,11 +225,11 @@ class DevicePlanning:
         if self.measuring is not None:
             self.measuring.join()
 
-    def _measure(self, dec, remeasure: bool = False) -> None:
+    def _measure(self, shared, remeasure: bool = False) -> None:
         try:
-            with dec._shared.lock:         # noqa: SLF001 - the decoder's own lock: no generation meanwhile
-                sessions = {graph_paths(self.bundle)[self.plan.step_graph]: dec.target.session}
-                drafter = dec.drafter
+            with shared.lock:               # the decoder's lock: no generation meanwhile
+                sessions = {graph_paths(self.bundle)[self.plan.step_graph]: shared.target.session}
+                drafter = shared.drafter
                 drafter_session = None if drafter is None or drafter.pending else drafter.session
                 self.profile, measured = ensure_profile(self.bundle, self.threads, remeasure=remeasure, ep=self.ep,
                                                         sessions=sessions, drafter_session=drafter_session)

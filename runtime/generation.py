@@ -17,6 +17,7 @@ from edgespec.runtime.answer_store import check_scope
 from edgespec.runtime.context import DrafterContext, DrafterWindow
 from edgespec.runtime.grammar import GrammarState, mask_distribution, mask_logits, masked_greedy
 from edgespec.runtime.lookup import DEFAULT_MAX_N
+from edgespec.runtime.records import GenerationRecord, StepPlan
 from edgespec.runtime.rounds import MAX_FORCED, forced_round, speculative_round
 from edgespec.runtime.sampling import SamplingParams, probabilities, sample
 from edgespec.runtime.stats import GenerationStats
@@ -25,12 +26,13 @@ from edgespec.runtime.stats import GenerationStats
 class Generation:
     """Mutable state of one generate/stream call: committed ids, sampling, stats, and the strategy's
     per-generation state (`Strategy.start`). What outlives it comes in `shared` (runners, prefix cache,
-    token tables: shared.Shared) and `setup` (the variant's config, tables, governors, arrays: shared.Setup);
-    it reads nothing else of the decoder."""
+    token tables: shared.Shared) and `setup` (the variant's config, tables, governors, arrays: shared.Setup),
+    and how its steps run in `step` (records.StepPlan); it reads nothing else of the decoder."""
 
-    def __init__(self, shared, setup, prompt_ids: list[int], params: SamplingParams, rng: np.random.Generator,
-                 max_new_tokens: int, started: float | None = None, propose: Callable | None = None,
-                 grammar: GrammarState | None = None, jump_forward: bool = True, scope: str | None = None):
+    def __init__(self, shared, setup, step: StepPlan, prompt_ids: list[int], params: SamplingParams,
+                 rng: np.random.Generator, max_new_tokens: int, started: float | None = None,
+                 propose: Callable | None = None, grammar: GrammarState | None = None, jump_forward: bool = True,
+                 scope: str | None = None):
         self.draft_scope = check_scope(scope)   # the answer store's partition this call reads and records into
         shared.generation += 1
         self.shared, self.setup = shared, setup
@@ -52,10 +54,10 @@ class Generation:
             d = shared.bundle.drafter
             window = DrafterWindow(cfg.drafter_window, d.bos_id if d.add_bos else None)
             self.drafter_ctx = DrafterContext(shared.text_context, self.drafter, window)
-        # plain steps of a speculative strategy may carry a lookup guess (plain_step): with a governor when
-        # it pays, without one where the target pads the step anyway (free)
-        self.plain_guess = cfg.plain_guess and cfg.strategy.speculative and cfg.draft_probability is None
-        self.free_guess = cfg.plain_steps == "exact" and self.target.min_tokens >= 2
+        # how the target's steps run (records.StepPlan): plain steps of a speculative strategy may carry a
+        # lookup guess (plain_step), with a governor when it pays, without one where the step pads anyway
+        self.step = step
+        self.drafter_reached = self.drafter_accepted = 0     # the drafter's rounds' positions (record())
         self.lookup_max_n = int(cfg.options.get("ngram_max_n", DEFAULT_MAX_N))
         self.generated: list[int] = []
         self.last = -1
@@ -97,7 +99,7 @@ class Generation:
         st.draft_refills = dc.window.refills if dc is not None else 0
         if completed and self.config.prefix_reuse and self.id == self.shared.generation:
             kv_ids = (kv_ids or self.prompt_ids + self.generated)[:self.target.length]
-            if self.config.plain_steps == "fast" and self.target.min_tokens >= 2:
+            if self.step.unpadded:
                 # unpadded steps wrote the answer's positions, not what a cold prefill computes: the KV is
                 # cropped to the prompt's, which the (wide) prefill computed, so the next call reuses that
                 kv_ids = kv_ids[:len(self.prompt_ids)]
@@ -105,6 +107,11 @@ class Generation:
             self.shared.prefix.remember(kv_ids, dc.ids if dc else None, dc.window if dc else None)
         if completed:                 # only a completed answer drafts for later calls (answer_store.py)
             self.shared.answers.record(self.prompt_ids, self.generated, self.draft_scope)
+
+    def record(self) -> GenerationRecord:
+        """What this generation hands the planning (device_plan.DevicePlanning.after_generation)."""
+        return GenerationRecord(self.stats, self.prompt_ids, list(self.generated), self.step,
+                                self.drafter_reached, self.drafter_accepted)
 
     # -- phases
     def prefill(self) -> list[int]:
@@ -152,6 +159,9 @@ class Generation:
         if gamma and self.strategy_state is not None:
             self.strategy_state.begin_round(self)
         governor = self.setup.governor_for(strategy.source(self.strategy_state) if strategy.source and gamma else None)
+        step = self.step
+        if governor is not None and step.drafter_gamma is not None and governor is self.setup.drafter_governor():
+            gamma = min(gamma, step.drafter_gamma)        # the plan's range for drafter rounds
         if governor is not None:
             gamma = governor.choose(gamma)
         if gamma and self.drafter is not None and self.drafter.pending:
@@ -159,7 +169,7 @@ class Generation:
         fed = self.drafter.tokens_fed if self.drafter is not None else 0
         guesses_before = st.guesses
         t0 = time.perf_counter()
-        guess = self.plain_guess and gamma == 0 and (self.free_guess or governor is not None and governor.guess_pays())
+        guess = step.plain_guess and gamma == 0 and (step.free_guess or governor is not None and governor.guess_pays())
         new = speculative_round(self, gamma, guess)
         ms = (time.perf_counter() - t0) * 1e3
         st.gamma_per_step.append(gamma)
@@ -168,7 +178,11 @@ class Generation:
         if governor is not None:     # a round whose drafter caught up on many tokens (its prefill, or after
             catch_up = self.drafter is not None and self.drafter.tokens_fed - fed > gamma + 2   # plain steps)
             kept = len(new) - 1 if st.guesses > guesses_before else None     # a plain step's guess: 1 kept, 0 not
-            governor.update(st.drafted_per_step[-1], st.accepted_per_step[-1], None if catch_up else ms, kept)
+            drafted, accepted = st.drafted_per_step[-1], st.accepted_per_step[-1]
+            governor.update(drafted, accepted, None if catch_up else ms, kept)
+            if governor is self.setup.drafter_governor():
+                self.drafter_reached += min(drafted, accepted + 1)
+                self.drafter_accepted += accepted
         return new
 
     def draft_budget(self) -> int:

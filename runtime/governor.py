@@ -48,21 +48,18 @@ class Governor:
         self.rounds_at_zero = 0
         self.speculative_rounds = 0
         self.current = 1
-        self.cap = self.gamma_max                   # a bound set from outside (the device plan's gamma range)
         self.plain_steps = 0.0                      # decayed counts over plain steps (gamma = 0)
         self.guesses = 0.0                          # ... that carried a lookup guess
         self.guesses_kept = 0.0
         self.step_ms = np.full(2, np.nan)           # EMA ms of a plain step without / with a guess
         self.unguessed = 0                          # plain steps since the last guess
         self.guessed_run = 0                        # guesses since the last plain step without one
-        self.total_reached = 0                      # undecayed draft positions reached / accepted, over the
-        self.total_accepted = 0                     # governor's life (runtime/device_plan.py plans from them)
 
     def choose(self, limit: int) -> int:
         """gamma for the next round, at most `limit` (tokens left, drafter context room). Moves by at
         most one from the last choice (a hill climb on the model's rate), so one noisy round cannot
         send gamma across the range, and the neighbours it compares are the ones measured most."""
-        limit = min(limit, self.gamma_max, self.cap)
+        limit = min(limit, self.gamma_max)
         if limit <= 0:
             return 0
         measured = np.flatnonzero(self.samples > 0)
@@ -130,8 +127,6 @@ class Governor:
         self.accepted *= DECAY
         self.reached[:min(drafted, accepted + 1)] += 1.0
         self.accepted[:accepted] += 1.0
-        self.total_reached += min(drafted, accepted + 1)
-        self.total_accepted += accepted
         if round_ms is not None and drafted < self.round_ms.size:
             old = self.round_ms[drafted]
             self.round_ms[drafted] = round_ms if np.isnan(old) else (1 - EMA) * old + EMA * round_ms

@@ -64,7 +64,7 @@ def speculative_round(gen: "Generation", gamma: int, guess: bool = False) -> lis
     else:
         draft, accept = plain_step(gen, guess), accept_tokens
     try:
-        logits = gen.target.forward([gen.last, *draft.tokens], pad=bool(draft.tokens) or gen.config.plain_steps == "exact")
+        logits = gen.target.forward([gen.last, *draft.tokens], pad=gen.step.pads(len(draft.tokens)))
     finally:                            # never leave a drafter forward running behind us
         draft.finish()
     if gen.grammar is not None:         # constrained decoding: verify against the constrained target

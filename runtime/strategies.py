@@ -58,7 +58,6 @@ def _require_same_tokenizer(bundle, options) -> None:
 @dataclass
 class Strategy:
     name: str
-    description: str
     uses_drafter: bool = True                 # needs the bundle's drafter model
     speculative: bool = True                  # proposes drafts at all (`ar` does not)
     prepare: Callable[[Any, dict], Any] = kept_columns
@@ -70,6 +69,12 @@ class Strategy:
     options: tuple[str, ...] = ()             # the strategy options `prepare`/`check` read
     start: Callable | None = None             # start(gen) -> per-generation state
     source: Callable | None = None            # source(state) -> this round's proposer
+
+    @property
+    def token_level(self) -> bool:
+        """Drafts token by token from the drafter with the round's own proposer (rounds.draft_tokens), the
+        rows randomised drafting and a grammar's per-token masks work on."""
+        return self.uses_drafter and self.propose is draft_tokens
 
     def __post_init__(self):
         if self.greedy is None and self.distribution is not None:
@@ -85,6 +90,17 @@ def register(strategy: Strategy) -> Strategy:
     return strategy
 
 
+def for_bundle(strategy: Strategy, bundle) -> Strategy:
+    """The strategy as `bundle` can run it: `auto` on a target-only bundle is `ngram` (the one speculation
+    it can do); another strategy that needs a drafter is refused there, in one line."""
+    if bundle.has_drafter or not strategy.uses_drafter:
+        return strategy
+    if strategy.name == "auto":
+        return get_strategy("ngram")
+    raise GenerationError(f"bundle {bundle.path} has no drafter: strategy {strategy.name!r} needs one; use "
+                          "strategy 'ngram' (prompt lookup) or 'ar', or export a pair")
+
+
 def get_strategy(name: str) -> Strategy:
     try:
         return STRATEGIES[name]
@@ -93,31 +109,32 @@ def get_strategy(name: str) -> Strategy:
 
 
 for _s in (
-    Strategy("ar", "target alone (autoregressive baseline)", uses_drafter=False, speculative=False,
-             prepare=lambda b, o: None, distribution=None, greedy=None),
-    Strategy("auto", "chosen per bundle, machine and sampling (choose_auto): ngram-tli on a shared tokenizer, slem "
-                     "on a heterogeneous pair, tli when randomised, ngram or ar where the drafter does not pay",
-             prepare=lambda b, o: None, distribution=None, greedy=None, options=("ngram_max_n",)),
-    Strategy("ngram", "prompt lookup: the continuation of the latest earlier n-gram match (no drafter)",
-             uses_drafter=False, prepare=lambda b, o: None, distribution=None, greedy=None, check=ngram.check,
+    # ar: target alone (autoregressive baseline)
+    Strategy("ar", uses_drafter=False, speculative=False, prepare=lambda b, o: None, distribution=None, greedy=None),
+    # auto: chosen per bundle, machine and sampling (choose_auto): ngram-tli on a shared tokenizer, slem on a
+    # heterogeneous pair, tli when randomised, ngram or ar where the drafter does not pay
+    Strategy("auto", prepare=lambda b, o: None, distribution=None, greedy=None, options=("ngram_max_n",)),
+    # ngram: prompt lookup: the continuation of the latest earlier n-gram match (no drafter)
+    Strategy("ngram", uses_drafter=False, prepare=lambda b, o: None, distribution=None, greedy=None, check=ngram.check,
              propose=ngram.propose, options=("ngram_max_n",), start=ngram.start),
-    Strategy("ngram-tli", "prompt lookup when the n-gram matches, the drafter's TLI draft otherwise",
-             greedy=tli_greedy, check=ngram.check, propose=ngram.propose, options=("ngram_max_n",),
+    # ngram-tli: prompt lookup when the n-gram matches, the drafter's TLI draft otherwise
+    Strategy("ngram-tli", greedy=tli_greedy, check=ngram.check, propose=ngram.propose, options=("ngram_max_n",),
              start=ngram.start, source=ngram.source),
-    Strategy("tli", "Token-Level Intersection (Algorithm 4)", greedy=tli_greedy),
-    Strategy("sd", "vanilla speculative decoding, same tokenizer (Algorithm 5)", greedy=tli_greedy,
-             check=_require_same_tokenizer),
-    Strategy("rdk-taylor", "RDK first-order Taylor approximation (RDK paper, Eq. 3; option rdk_beta)",
-             prepare=rdk.prepare_taylor, distribution=rdk.taylor_distribution, greedy=rdk.taylor_greedy,
+    # tli: Token-Level Intersection (Algorithm 4)
+    Strategy("tli", greedy=tli_greedy),
+    # sd: vanilla speculative decoding, same tokenizer (Algorithm 5)
+    Strategy("sd", greedy=tli_greedy, check=_require_same_tokenizer),
+    # rdk-taylor: RDK first-order Taylor approximation (RDK paper, Eq. 3; option rdk_beta)
+    Strategy("rdk-taylor", prepare=rdk.prepare_taylor, distribution=rdk.taylor_distribution, greedy=rdk.taylor_greedy,
              check=rdk.check_taylor, options=("rdk_beta",)),
-    Strategy("rdk", "exact RDK with the calibrated sparse affinity M (RDK paper, Algorithm 1; option rdk_tol)",
-             prepare=rdk.prepare_rdk, distribution=rdk.rdk_strategy_distribution, greedy=rdk.rdk_greedy,
+    # rdk: exact RDK with the calibrated sparse affinity M (RDK paper, Algorithm 1; option rdk_tol)
+    Strategy("rdk", prepare=rdk.prepare_rdk, distribution=rdk.rdk_strategy_distribution, greedy=rdk.rdk_greedy,
              check=rdk.check_rdk, options=("rdk_tol",)),
-    Strategy("slem", "String-Level Exact Match (heterogeneous-vocabularies paper, Algorithm 2; any temperature)",
-             prepare=slem.prepare, distribution=None, greedy=None, propose=slem.propose, accept=slem.accept,
+    # slem: String-Level Exact Match (heterogeneous-vocabularies paper, Algorithm 2; any temperature)
+    Strategy("slem", prepare=slem.prepare, distribution=None, greedy=None, propose=slem.propose, accept=slem.accept,
              options=("slem_lookbehind", "slem_max_proposal")),
-    Strategy("slrs1", "SLRS with one drafter token of lookahead (heterogeneous-vocabularies paper, Algorithm 3)",
-             prepare=slrs.prepare, greedy=slrs.greedy, check=slrs.check),
+    # slrs1: SLRS with one drafter token of lookahead (heterogeneous-vocabularies paper, Algorithm 3)
+    Strategy("slrs1", prepare=slrs.prepare, greedy=slrs.greedy, check=slrs.check),
 ):
     register(_s)
 

@@ -53,7 +53,7 @@ def main() -> None:
 
     dec1 = float(np.median([x for s in stats["ar"] for x in s.verify_ms_by_k.get(1, [])]))
     ar_ms = total("ar", "total_ms")
-    print(f"\nbundle {args.bundle}: {len(prompts)} prompts x {args.tokens} tokens, threads {base.target_session_info.threads}")
+    print(f"\nbundle {args.bundle}: {len(prompts)} prompts x {args.tokens} tokens, threads {base.shared.target_session_info.threads}")
     print(f"ar: {total('ar', 'new_tokens')} tokens in {ar_ms / 1e3:.1f} s, decode-1 median {dec1:.1f} ms, "
           f"overhead share {share('ar'):.3f}")
     for k in ks:

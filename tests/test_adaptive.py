@@ -149,9 +149,9 @@ def test_ngram_tli_auto_keeps_one_governor_per_proposer(tiny_self_bundle):
     ar = dec.variant("ar")
     prompt = PROMPTS[1] + "\n" + PROMPTS[3]      # a repeat to look up, and text with none
     assert dec.generate(prompt, max_new_tokens=40).token_ids == ar.generate(prompt, max_new_tokens=40).token_ids
-    assert set(dec.source_governors) <= {"ngram", "drafter"} and dec.source_governors
-    assert dec.governor_for(None) is dec.governor and dec.governor_for("ngram") is dec.governor_for("ngram")
-    assert SpeculativeDecoder(tiny_self_bundle, strategy="ngram-tli", draft_length=4, threads=1).governor_for("ngram") is None
+    assert set(dec.setup.source_governors) <= {"ngram", "drafter"} and dec.setup.source_governors
+    assert dec.setup.governor_for(None) is dec.setup.governor and dec.setup.governor_for("ngram") is dec.setup.governor_for("ngram")
+    assert SpeculativeDecoder(tiny_self_bundle, strategy="ngram-tli", draft_length=4, threads=1).setup.governor_for("ngram") is None
 
 
 def test_ngram_tli_switches_between_lookup_and_drafter_mode():

@@ -147,7 +147,7 @@ def test_another_scope_and_a_store_turned_off_draft_nothing_from_it(self_bundle)
                              options={"answer_store_mb": 0})
     off.generate(PROMPT, max_new_tokens=40)
     assert off.generate(PROMPT, max_new_tokens=40).stats.store_drafted == 0
-    assert off._shared.answers.nbytes == 0 and len(off._shared.answers) == 0
+    assert off.shared.answers.nbytes == 0 and len(off.shared.answers) == 0
     with pytest.raises(GenerationError, match="draft_scope must be a str"):
         dec.generate(PROMPT, max_new_tokens=4, draft_scope=7)
 
@@ -159,7 +159,7 @@ def test_an_interrupted_stream_records_nothing(self_bundle):
     next(stream)
     next(stream)
     stream.close()                                    # the client went away
-    assert dec.last_result.stats.stop_reason == "interrupted" and len(dec._shared.answers) == 1   # ar's only
+    assert dec.last_result.stats.stop_reason == "interrupted" and len(dec.shared.answers) == 1   # ar's only
     res = dec.generate(PROMPT, max_new_tokens=40)
     assert res.token_ids == ref and res.stats.store_drafted == 0
 
@@ -180,13 +180,13 @@ def test_the_server_scopes_the_store_by_key_and_can_turn_it_off(self_bundle):
     finally:
         worker.shutdown()
         worker.join(timeout=5)
-    (doc,) = dec._shared.answers.docs.values()
+    (doc,) = dec.shared.answers.docs.values()
     assert doc[2] == scope_key("key:" + hashlib.sha256(b"k1").hexdigest())
     import argparse
     sub = argparse.ArgumentParser().add_subparsers()
     register(sub)
     args = sub.choices["serve"].parse_args(["--bundle", str(self_bundle.path), "--no-cross-request", "--threads", "1"])
-    assert make_decoder(self_bundle, args)._shared.answers.enabled is False
+    assert make_decoder(self_bundle, args).shared.answers.enabled is False
 
 
 # --------------------------------------------------------------------------- the target's law at T > 0

@@ -64,7 +64,7 @@ def test_hetero_drafter_context_is_resynced(bundles):
         t_keys = token_table(b.target.tokenizer, b.target.vocab_size).keys
         d_keys = token_table(b.drafter.tokenizer, b.drafter.vocab_size).keys
         text = lambda keys, ids: b"".join(k for k in (keys[i] or b"" for i in ids) if not k.startswith(b"special:"))
-        ctx = dec._last_generation.drafter_ctx
+        ctx = dec.last_generation.drafter_ctx
         assert ctx.ids[0] == b.drafter.bos_id
         assert text(d_keys, ctx.ids) == text(t_keys, res.prompt_token_ids + res.token_ids)
 
@@ -142,7 +142,7 @@ def test_eos_ends_generation_mid_block(bundles, ar_outputs):
     ref = ar_outputs["self"][0]
     dec = SpeculativeDecoder(bundles["self"], strategy="tli", draft_length=8, threads=1)
     eos = ref[6]
-    dec._shared.eos_ids = frozenset({eos})  # pretend this token is the end-of-sequence token
+    dec.shared.eos_ids = frozenset({eos})  # pretend this token is the end-of-sequence token
     res = dec.generate(PROMPTS[0], max_new_tokens=N)
     assert res.stats.stop_reason == "eos"
     assert res.token_ids == ref[:ref.index(eos) + 1]
@@ -151,7 +151,7 @@ def test_eos_ends_generation_mid_block(bundles, ar_outputs):
 @pytest.mark.parametrize("m", [1, 2, 3, 9])
 def test_max_new_tokens_is_never_exceeded(bundles, m):
     dec = SpeculativeDecoder(bundles["self"], strategy="tli", draft_length=8, threads=1)
-    dec._shared.eos_ids = frozenset()
+    dec.shared.eos_ids = frozenset()
     for t in (0.0, 1.0):
         res = dec.generate(PROMPTS[1], max_new_tokens=m, temperature=t, seed=1)
         assert len(res.token_ids) == m and res.stats.stop_reason == "length"

@@ -81,21 +81,16 @@ def test_the_scan_finds_a_second_copy():
     assert names.count(("max_new_tokens", 128)) == 3 and ("max_gamma", 8) in names and ("draft_length", "auto") in names
 
 
-def _resolve_auto(max_draft_length: int, plan_gamma_max: int) -> int:
-    """The cap SpeculativeDecoder._resolved sets on an `auto` decoder's drafter governor."""
-    from edgespec.runtime.decoder import SpeculativeDecoder
-    from edgespec.runtime.governor import Governor
+def _resolve_auto(max_draft_length: int, plan_gamma_max: int) -> int | None:
+    """The bound an `auto` decoder's step plan (records.step_plan) puts on its drafter rounds."""
+    from edgespec.runtime.config import DecodeConfig
     from edgespec.runtime.plan import Plan
+    from edgespec.runtime.records import step_plan
+    from edgespec.runtime.strategies import get_strategy
 
     plan = Plan("model", 1, drafter=True, gamma_max=plan_gamma_max, free_guess=False, source="profile")
-    governor = Governor(max_draft_length)
-    variant = SimpleNamespace(setup=SimpleNamespace(drafter_governor=lambda: governor))
-    dec = SimpleNamespace(strategy=SimpleNamespace(name="auto"), planning=SimpleNamespace(current=lambda: plan),
-                          bundle=SimpleNamespace(same_tokenizer=True), _auto={},
-                          config=SimpleNamespace(draft_probability=None, options={}),
-                          variant=lambda *a, **k: variant)
-    assert SpeculativeDecoder._resolved(dec, greedy=True) is variant
-    return governor.cap
+    config = DecodeConfig(strategy=get_strategy("tli"), draft_length="auto", max_draft_length=max_draft_length)
+    return step_plan(plan, config, 1, auto=True).drafter_gamma
 
 
 def test_max_draft_length_above_the_plans_cap_is_honoured():

@@ -147,45 +147,29 @@ class _Bundle:
     same_tokenizer = True
 
 
-def test_the_governor_keeps_inside_the_plans_cap():
-    """Perfect acceptance and flat round costs would climb to gamma_max; the plan's cap bounds it."""
-    from edgespec.runtime.governor import Governor
-    g = Governor(8)
-    g.cap = 2
-    chosen = []
-    for _ in range(60):
-        gamma = g.choose(8)
-        chosen.append(gamma)
-        g.update(gamma, gamma, 10.0 + gamma)
-    assert max(chosen) == 2
-    g.cap = 8
-    for _ in range(60):
-        gamma = g.choose(8)
-        chosen.append(gamma)
-        g.update(gamma, gamma, 10.0 + gamma)
-    assert max(chosen) > 2
+def book(planning, reached: int, accepted: int) -> None:
+    """One generation's record whose drafter rounds reached `reached` draft positions (up to each round's
+    first rejection) and had `accepted` of them accepted."""
+    from edgespec.runtime.records import GenerationRecord
+    from edgespec.runtime.stats import GenerationStats
+    planning.after_generation(GenerationRecord(GenerationStats(), [], [], drafter_reached=reached,
+                                               drafter_accepted=accepted), None)
 
 
 def test_a_decoder_replans_on_its_drafters_lifetime_acceptance_and_reprobes_it():
     from edgespec.runtime.device_plan import MIN_REACHED, REPROBE_EVERY, DevicePlanning
-    from edgespec.runtime.governor import Governor
     profile = epyc_like()
-    planning = DevicePlanning(None, 2, "cpu", profile, make_plan(profile))
+    planning = DevicePlanning(None, 2, "cpu", profile, make_plan(profile), measure=False)
     assert planning.current().drafter and planning.acceptance() is None      # the prior
-    gov = Governor(8)
-    planning.drafter_governor = gov
-    for _ in range(MIN_REACHED // 2 - 1):                                      # too few positions: still the prior
-        gov.update(2, 0, 10.0)
+    book(planning, MIN_REACHED // 2 - 1, 0)                                  # too few positions: still the prior
     assert planning.acceptance() is None and planning.current().drafter
-    for _ in range(40):                                                        # 0.2 per position: off
-        gov.update(2, 0, 10.0)
+    book(planning, 40, 0)                                                    # 0.2 per position: off
     assert planning.acceptance() < 0.3
     runs = [planning.current().drafter for _ in range(2 * (REPROBE_EVERY + 1))]
     assert runs.count(True) == 2 and runs[REPROBE_EVERY] and runs[-1]         # one generation in REPROBE_EVERY + 1
     probe = [p for p in (planning.current() for _ in range(REPROBE_EVERY + 1)) if p.drafter][0]
     assert probe.gamma_max >= 1 and "keep its acceptance measured" in probe.reasons[-1]
-    for _ in range(400):                                                       # the probes find it paying again
-        gov.update(2, 2, 10.0)
+    book(planning, 800, 800)                                                 # the probes find it paying again
     assert planning.acceptance() > 0.8 and planning.current().drafter
 
 
@@ -194,18 +178,16 @@ def test_a_running_drafter_stops_only_where_it_does_not_pay_on_paper():
     DRAFTER_MARGIN (a drafter does not start there) and over KEEP_MARGIN (one that runs keeps running);
     0.4 is 0.92x (it stops)."""
     from edgespec.runtime.device_plan import MIN_REACHED, DevicePlanning
-    from edgespec.runtime.governor import Governor
     from edgespec.runtime.plan import KEEP_MARGIN
     p = epyc_like()
     assert KEEP_MARGIN < DRAFTER_MARGIN
     assert not make_plan(p, acceptance=0.6).drafter and make_plan(p, acceptance=0.6, margin=KEEP_MARGIN).drafter
 
     def planning_at(alpha: float, running: bool) -> DevicePlanning:
-        planning = DevicePlanning(None, 2, "cpu", p, make_plan(p))
+        planning = DevicePlanning(None, 2, "cpu", p, make_plan(p), measure=False)
         planning.drafter_running = running
-        gov = planning.drafter_governor = Governor(8)
-        for i in range(max(300, MIN_REACHED)):
-            gov.update(1, int(i % 100 < alpha * 100), 10.0)
+        rounds = max(300, MIN_REACHED)
+        book(planning, rounds, sum(i % 100 < alpha * 100 for i in range(rounds)))
         assert planning.acceptance() == pytest.approx(alpha, abs=0.01)
         return planning
     running = planning_at(0.6, running=True)
@@ -268,18 +250,15 @@ def test_the_lookup_guess_record_of_an_output():
 def test_a_short_first_generation_does_not_stop_the_drafter():
     """A benchmark's warm-up (8 tokens, a 140 ms window fill: 18 ms a token) once switched the drafter off
     for a decoder's life; the fill counts only over MIN_FILL_TOKENS tokens of drafter generations."""
-    from types import SimpleNamespace
-
     from edgespec.runtime.device_plan import MIN_FILL_TOKENS, DevicePlanning
+    from edgespec.runtime.records import GenerationRecord
     from edgespec.runtime.stats import GenerationStats
     p = profile({"padded_attention": exact([55.8, 65.5, 81.4, 88.4, 102.9, 113.4, 129.0, 140.2, 148.8])}, 12.7)
     planning = DevicePlanning(None, 2, "cpu", p, make_plan(p), measure=False)
-    dec = SimpleNamespace(setup=SimpleNamespace(drafter_governor=lambda: None),
-                          config=SimpleNamespace(plain_steps="exact"))
     short = GenerationStats(new_tokens=9, prefill_tokens=1, draft_forwards=5, draft_prefill_ms=140.0)
-    planning.after_generation(dec, short)
+    planning.after_generation(GenerationRecord(short, [], []), None)
     assert planning.drafted_tokens == 8 and planning.current().drafter
     long = GenerationStats(new_tokens=MIN_FILL_TOKENS + 1, prefill_tokens=1, draft_forwards=90,
                            draft_prefill_ms=140.0 * 40)
-    planning.after_generation(dec, long)
+    planning.after_generation(GenerationRecord(long, [], []), None)
     assert planning.fill_per_token() > 18 and not planning.current().drafter

@@ -109,13 +109,24 @@ def test_a_plan_without_the_drafter_never_builds_it_and_equals_ar(bundle, home, 
 
 def _spin_stops(monkeypatch, bundle, strategy="auto") -> bool:
     """Whether a new decoder's target session stops its threads spinning after each run."""
-    from edgespec.runtime import decoder as decoder_module
-    made, real = [], decoder_module.create_sessions
-    monkeypatch.setattr(decoder_module, "create_sessions", lambda requests, **kw: made.extend(requests) or
+    from edgespec.runtime import build as build_module
+    made, real = [], build_module.create_sessions
+    monkeypatch.setattr(build_module, "create_sessions", lambda requests, **kw: made.extend(requests) or
                         real(requests, **kw))
     SpeculativeDecoder(bundle, strategy, threads=1)
-    monkeypatch.setattr(decoder_module, "create_sessions", real)
+    monkeypatch.setattr(build_module, "create_sessions", real)
     return next(r["stop_spinning"] for r in made if r["role"] == "target")
+
+
+def _record_limits(auto) -> dict:
+    """The draft lengths the generation offers each governor of an `auto` variant (records.StepPlan
+    bounds the drafter's), recorded as they are offered."""
+    limits = {"drafter": [], "ngram": []}
+    for source, seen in limits.items():
+        governor = auto.setup.governor_for(source)
+        choose = governor.choose
+        governor.choose = lambda limit, choose=choose, seen=seen: seen.append(limit) or choose(limit)
+    return limits
 
 
 def test_a_plan_on_padded_model_steps_where_the_padded_graph_is_inexact(bundle, home):
@@ -130,10 +141,12 @@ def test_a_plan_on_padded_model_steps_where_the_padded_graph_is_inexact(bundle, 
     plan = dec.planning.plan
     assert plan.step_graph == "model" and plan.step_tokens == 2 and plan.drafter
     assert dec.target.min_tokens == 2 and dec.target.pad_rows == 0
-    auto = dec._resolved(True)                                        # before any acceptance is measured
+    auto = dec._resolved(plan, True)                                  # before any acceptance is measured
     assert auto.strategy.name == "ngram-tli" and plan.gamma_max < 8
-    assert auto.governor_for("drafter").cap == plan.gamma_max          # the plan bounds the drafter's rounds
-    assert auto.governor_for("ngram").cap == 8                        # lookup keeps its range
+    limits = _record_limits(auto)
+    dec.generate(PROMPT + " " + PROMPT, max_new_tokens=30)
+    assert 0 < max(limits["drafter"]) <= plan.gamma_max                # the plan bounds the drafter's rounds
+    assert max(limits["ngram"], default=8) > plan.gamma_max           # lookup keeps its range
     ar, ar_fast = dec.variant("ar"), dec.variant("ar", plain_steps="fast")
     for prompt in (PROMPT, "The quick brown fox"):             # the measured acceptance may drop the drafter
         res = dec.generate(prompt, max_new_tokens=30)
@@ -159,7 +172,7 @@ def test_without_the_drafter_unpadded_steps_where_padding_costs_more_than_lookup
         res = dec.generate(prompt, max_new_tokens=40)
         assert res.stats.strategy == "ar" and res.stats.guesses == 0
         # the KV of unpadded steps is not a cold prefill's: the next call reuses the prompt's positions only
-        assert dec.prefix_cache.target_ids == res.prompt_token_ids
+        assert dec.shared.prefix.target_ids == res.prompt_token_ids
         assert res.token_ids == fast.generate(prompt, max_new_tokens=40).token_ids
     # ... and does reuse them: the same prompt again keeps all but its last token, with a cold call's output
     cold = dec.variant("ar", plain_steps="fast", prefix_reuse=False).generate(PROMPT, max_new_tokens=40)
@@ -279,7 +292,7 @@ def test_model_steps_beside_a_prefill_graph_that_pads_attention(bundle, home):
         if kv == "copy":                                     # the copying layout, same sessions
             from edgespec.runtime.kv import ModelRunner
             t = dec.target
-            dec._shared.target = ModelRunner(t.session, "target", t.max_position, kv="copy",
+            dec.shared.target = ModelRunner(t.session, "target", t.max_position, kv="copy",
                                              prefill_session=t.prefill_session)
             dec.target.min_tokens = 2
             dec._auto.clear()

@@ -78,7 +78,7 @@ def test_draft_ep_can_differ(tiny_self_bundle):
     with pytest.warns(RuntimeWarning):
         dec = SpeculativeDecoder(tiny_self_bundle, strategy="tli", ep="cpu", threads=1,
                                  allow_fallback=True, options={"draft_ep": "cuda"})
-    assert dec.target_session_info.fallback is None
+    assert dec.shared.target_session_info.fallback is None
     assert dec.drafter_session_info.requested[0] == "CUDAExecutionProvider"
     st = dec.generate("hello", max_new_tokens=2).stats
     assert st.fallbacks == ["drafter: CUDAExecutionProvider -> CPUExecutionProvider"]

@@ -103,13 +103,13 @@ def test_greedy_speculative_equals_constrained_ar(bundles, references, name, k):
 ])
 def test_bad_constraints_are_one_line_errors_before_any_model_runs(bundles, kwargs, match):
     dec = SpeculativeDecoder(bundles["same"], strategy="tli", threads=1)
-    before = dec.generation_id
+    before = dec.shared.generation
     with pytest.raises(GenerationError, match=match) as e:
         dec.generate("hello", max_new_tokens=4, **kwargs)
     assert "\n" not in str(e.value)
     with pytest.raises(GenerationError, match=match):
         dec.stream("hello", max_new_tokens=4, **kwargs)          # checked at the call, not at the first next()
-    assert dec.generation_id == before                           # no generation started
+    assert dec.shared.generation == before                           # no generation started
 
 
 def test_without_llguidance_the_error_names_the_extra(bundles, monkeypatch):

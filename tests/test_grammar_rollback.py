@@ -203,7 +203,7 @@ def test_an_error_mid_generation_is_one_line_and_keeps_the_output(bundles, repla
     dec = SpeculativeDecoder(bundles["same"], strategy="tli", draft_length=3, threads=1)
     stream = dec.stream(PROMPTS[0], max_new_tokens=N, json_schema=SCHEMAS["nested"])
     text = next(stream) + next(stream)
-    state = dec._last_generation.grammar
+    state = dec.last_generation.grammar
     wrong = np.zeros_like(state.allowed())
     wrong[_forbidden(state)] = True
     state.masks = [wrong]

@@ -143,7 +143,7 @@ def test_a_superseded_stream_leaves_nothing_to_reuse(bundles):
     dec.generate(LONG, max_new_tokens=4)
     stream = dec.stream(LONG, max_new_tokens=N)
     next(stream)                                     # started: the KV no longer holds what was recorded
-    assert dec.prefix_cache.target_ids is None
+    assert dec.shared.prefix.target_ids is None
     stream.close()
 
 

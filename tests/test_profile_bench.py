@@ -382,7 +382,7 @@ def test_ngram_without_a_drafter_strategy(tiny_self_bundle, prompts_file, tmp_pa
     family = decoder_family(bundle, s.configs(), s)
     assert list(family) == [("ar", 0), ("ngram", 3), ("ngram", "auto")]
     assert all(d.drafter is None and d.drafter_session_info is None for d in family.values())
-    assert family[("ngram", "auto")].governor is not None and family[("ngram", "auto")].config.max_draft_length == 8
+    assert family[("ngram", "auto")].setup.governor is not None and family[("ngram", "auto")].config.max_draft_length == 8
     doc = run_bench(settings(tiny_self_bundle, prompts_file, tmp_path / "r", strategies=["ar", "ngram"],
                              draft_lengths=[2], limit=1, max_new_tokens=8, repeats=1, warmup=False, bandwidth_mb=0))
     assert [r["strategy"] for r in doc["runs"]] == ["ar", "ngram"]

@@ -3,13 +3,13 @@ on 2026-11-27, tests/data/profiles) gives that machine's plan, and the drafter's
 the formula, decides whether it keeps running, with a bounded share of re-probes."""
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from edgespec.runtime.device_plan import REPROBE_EVERY, DevicePlanning, realized_speedup
 from edgespec.runtime.device_profile import DeviceProfile
 from edgespec.runtime.plan import make_plan
+from edgespec.runtime.records import GenerationRecord
 from edgespec.runtime.stats import GenerationStats
 
 AVX2 = Path(__file__).parent / "data" / "profiles" / "epyc-avx2-2t-qwen-coder-int4.json"
@@ -36,7 +36,8 @@ def plain_generation() -> GenerationStats:
     return GenerationStats(new_tokens=TOKENS + 1, prefill_tokens=1, ttft_ms=500.0, total_ms=4000.0)
 
 
-DEC = SimpleNamespace(setup=SimpleNamespace(drafter_governor=lambda: None), config=SimpleNamespace(plain_steps="exact"))
+def record(stats: GenerationStats) -> GenerationRecord:
+    return GenerationRecord(stats, [], [])
 
 
 def test_the_avx2_profile_gives_that_machines_plan(avx2):
@@ -61,7 +62,7 @@ def test_realized_speedup_reads_the_generation_at_its_own_context(avx2):
 def test_a_drafter_that_loses_as_run_stops_within_a_few_generations(avx2):
     planning = DevicePlanning(None, 2, "cpu", avx2, make_plan(avx2), measure=False)
     assert planning.current().drafter                              # the formula's prior: it pays on paper
-    planning.after_generation(DEC, drafter_generation(avx2, 0.7))
+    planning.after_generation(record(drafter_generation(avx2, 0.7)), None)
     plan = planning.current()
     assert not plan.drafter and plan.plain_steps == "fast"          # the fastest plain decoding: ar-fast
     assert "ran 0.70x the target's own decoding" in plan.reasons[-1] and "stops" in plan.reasons[-1]
@@ -69,7 +70,7 @@ def test_a_drafter_that_loses_as_run_stops_within_a_few_generations(avx2):
     for _ in range(3 * (REPROBE_EVERY + 1)):
         plan = planning.current()
         runs.append(plan.drafter)
-        planning.after_generation(DEC, drafter_generation(avx2, 0.7) if plan.drafter else plain_generation())
+        planning.after_generation(record(drafter_generation(avx2, 0.7) if plan.drafter else plain_generation()), None)
     probes = [i for i, ran in enumerate(runs) if ran]               # one re-probe in REPROBE_EVERY + 1 generations
     assert len(probes) == 3 and probes[0] >= REPROBE_EVERY - 1 and {b - a for a, b in zip(probes, probes[1:])} == \
         {REPROBE_EVERY + 1}
@@ -77,14 +78,14 @@ def test_a_drafter_that_loses_as_run_stops_within_a_few_generations(avx2):
 
 def test_a_drafter_that_pays_as_run_keeps_running_where_the_formula_says_stop(avx2):
     planning = DevicePlanning(None, 2, "cpu", avx2, make_plan(avx2, 0.4), measure=False)
-    planning.after_generation(DEC, drafter_generation(avx2, 1.15))
+    planning.after_generation(record(drafter_generation(avx2, 1.15)), None)
     assert planning.current().drafter and planning.realized == pytest.approx(1.15)
     # two losing prompts in a row bring the average below 1: it stops; winning re-probes bring it back
-    planning.after_generation(DEC, drafter_generation(avx2, 0.6))
-    planning.after_generation(DEC, drafter_generation(avx2, 0.6))
+    planning.after_generation(record(drafter_generation(avx2, 0.6)), None)
+    planning.after_generation(record(drafter_generation(avx2, 0.6)), None)
     assert not planning.current().drafter
     for _ in range(4):
-        planning.after_generation(DEC, drafter_generation(avx2, 1.4))
+        planning.after_generation(record(drafter_generation(avx2, 1.4)), None)
     assert planning.current().drafter
 
 
@@ -100,23 +101,23 @@ def test_lookup_drafts_that_lose_as_run_give_way_to_the_targets_own_steps(avx2):
     """Without the drafter, generations of lookup drafts alone are judged as run too: below 1.0x the
     target's own decoding the default runs `ar-fast` (plain 1-token steps), re-probing lookup 1 in 9."""
     planning = DevicePlanning(None, 2, "cpu", avx2, make_plan(avx2, 0.38), measure=False)
-    planning.after_generation(DEC, drafter_generation(avx2, 0.6))          # the drafter stops
-    planning.after_generation(DEC, lookup_generation(avx2, 1.3))           # lookup pays (an edit)
+    planning.after_generation(record(drafter_generation(avx2, 0.6)), None)  # the drafter stops
+    planning.after_generation(record(lookup_generation(avx2, 1.3)), None)     # lookup pays (an edit)
     plan = planning.current()
     assert not plan.drafter and plan.plain_steps == "exact" and "1.30x" in plan.reasons[-1]
     for _ in range(3):
-        planning.after_generation(DEC, lookup_generation(avx2, 0.8))       # then it does not
+        planning.after_generation(record(lookup_generation(avx2, 0.8)), None)  # then it does not
     assert planning.realized_lookup < 1.0
     modes = []
     for _ in range(2 * (REPROBE_EVERY + 1)):
         plan = planning.current()
         modes.append("drafter" if plan.drafter else plan.plain_steps)
         if plan.drafter:
-            planning.after_generation(DEC, drafter_generation(avx2, 0.6))
+            planning.after_generation(record(drafter_generation(avx2, 0.6)), None)
         elif plan.plain_steps == "exact":
-            planning.after_generation(DEC, lookup_generation(avx2, 0.8))
+            planning.after_generation(record(lookup_generation(avx2, 0.8)), None)
         else:
-            planning.after_generation(DEC, plain_generation())
+            planning.after_generation(record(plain_generation()), None)
     # mostly the target's own steps; lookup and the drafter each re-probed about once in REPROBE_EVERY + 1
     assert modes.count("fast") >= 2 * REPROBE_EVERY - 4 and 1 <= modes.count("exact") <= 3 and modes.count("drafter") <= 3
     plan = planning.current()

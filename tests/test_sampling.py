@@ -100,7 +100,7 @@ def test_strategy_registry():
     with pytest.raises(GenerationError, match="unknown strategy"):
         R.get_strategy("nope")
     assert R.get_strategy("sd").distribution is R.get_strategy("tli").distribution   # one code path
-    custom = R.register(R.Strategy("test-uniform", "uniform over the intersection",
+    custom = R.register(R.Strategy("test-uniform",  # uniform over the intersection
                                    distribution=lambda st, lg, pr, out: S.scatter_to_target(
                                        np.full(st.valid_cols.size, 1 / st.valid_cols.size), st, out)))
     try:

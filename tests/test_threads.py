@@ -113,9 +113,9 @@ def test_the_profile_measures_the_scaling_and_the_decoder_uses_its_choice(tiny_p
     plan = make_plan(one)
     assert (plan.threads, plan.draft_threads) == (1, 1) and any("target threads 1" in r for r in plan.reasons)
     dec = SpeculativeDecoder(bundle, strategy="tli", options={"defer_drafter": False})
-    assert dec._shared.target_session_info.threads == 1 and dec.drafter.session_info.threads == 1
+    assert dec.shared.target_session_info.threads == 1 and dec.drafter.session_info.threads == 1
     ar = SpeculativeDecoder(bundle, strategy="ar", threads=2)                         # pinned: its own count
-    assert ar._shared.target_session_info.threads == min(2, cores)
+    assert ar.shared.target_session_info.threads == min(2, cores)
     assert dec.generate(PROMPT, max_new_tokens=12).token_ids == ar.generate(PROMPT, max_new_tokens=12).token_ids
 
 

@@ -113,7 +113,7 @@ def trajectory(dec, prompt_ids: list[int], generated: list[int], params: Samplin
     q = np.empty(dec.bundle.target.vocab_size, dtype=np.float64)
     for i in range(m):
         p = probabilities(t_rows[i:i + 1], params)[0]
-        dec.strategy.distribution(dec.prepared, d_rows[i], params, q)
+        dec.strategy.distribution(dec.setup.prepared, d_rows[i], params, q)
         x = generated[i + 1]
         out["alpha"][i] = [acceptance_rate(p, q, a) for a in a_values]
         out["sd"][i], out["px"][i], out["qx"][i] = np.minimum(p, q).sum(), p[x], q[x]
