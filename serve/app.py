@@ -151,6 +151,9 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
         if calling(req):               # complete calls only (calls.CallGuard); cut by max_tokens: "length"
             choice = body["choices"][0]
             content, calls = tools.parse_tool_calls(out.text)
+            loose = loose_calls(req)
+            if not calls and loose is not None and (call := loose(out.text)) is not None:
+                content, calls = None, [call]
             if calls:
                 choice["message"].update(content=content, tool_calls=calls)
                 if choice["finish_reason"] == "stop":
@@ -162,6 +165,10 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
         if not calling(req):
             return None
         return tools.CallGuard(req.parallel_tool_calls, tools.made_calls(req.prompt) if req.tool_choice == "auto" else ())
+
+    def loose_calls(req: protocol.Request):
+        """Under tool_choice "auto": a text answer that is one call in JSON becomes it (serve/calls.py)."""
+        return tools.LooseCalls(req.tools, tools.made_calls(req.prompt)) if req.tool_choice == "auto" else None
 
     def calling(req: protocol.Request) -> bool:
         return req.kind == "chat" and bool(req.tools) and req.tool_choice != "none"
@@ -178,7 +185,7 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
                 chunk["choices"][0]["delta"] = piece
                 yield data(chunk)
 
-        calls = tools.ToolCallStream() if calling(req) else None
+        calls = tools.ToolCallStream(loose_calls(req)) if calling(req) else None
         try:
             if req.kind == "chat":
                 yield data(protocol.chunk_body(req, rid, settings.model, created, None, first=True))

@@ -2,6 +2,10 @@
 
 - `parse_tool_calls(text)`: the complete `<tool_call>` blocks of an answer as OpenAI's `tool_calls`;
 - `ToolCallStream`: streamed text -> tool-call deltas as it is generated;
+- `LooseCalls`: under tool_choice "auto", a text answer that is one call written as a bare JSON object
+  or a ```json block (`{"name": ..., "arguments": {...}}`, Qwen2.5-Coder's habit: llama.cpp's Hermes
+  parser reads these too) of a tool the request offers, with its required arguments, becomes that call;
+  the stream holds such an answer back until it ends. A call the conversation already made stays text;
 - `CallGuard`: between the decoder and the client (serve/worker.py). It holds a call back until its
   `</tool_call>` is written, so that no client ever gets a half-written call (a cut answer ends with
   the calls that were complete, finish_reason "length"), and, where parallel calls are allowed, ends
@@ -46,6 +50,48 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
     return rest or None, calls
 
 
+_FENCED = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?[ \t]*```", re.S)
+LOOSE_STARTS = ("```json", "```\n{", "{")     # how a loose call's text begins (after whitespace)
+
+
+class LooseCalls:
+    """A text answer that is one whole tool call in JSON (module docstring) -> that call, else None."""
+
+    def __init__(self, tools: list[dict], made=()):
+        self.params = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+        self.made = frozenset(made)
+
+    def __call__(self, text: str) -> dict | None:
+        body = text.strip()
+        m = _FENCED.fullmatch(body)
+        body = m.group(1).strip() if m else body
+        if not body.startswith("{"):
+            return None
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or set(obj) - {"name", "arguments"} or obj.get("name") not in self.params:
+            return None
+        name, args = obj["name"], obj.get("arguments", {})
+        params = self.params[name]
+        if not isinstance(args, dict) or any(k not in args for k in params.get("required", ())) or \
+                (params.get("additionalProperties") is False and set(args) - set(params.get("properties", {}))):
+            return None
+        if (name, json.dumps(args, sort_keys=True)) in self.made:
+            return None
+        return {"id": _call_id(), "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+
+    @staticmethod
+    def may_start(text: str) -> bool | None:
+        """True: the text starts as a loose call would; None: too short to tell; False: it does not."""
+        t = text.lstrip()
+        if any(t.startswith(p) for p in LOOSE_STARTS):
+            return True
+        return None if not t or any(p.startswith(t) for p in LOOSE_STARTS) else False
+
+
 class ToolCallStream:
     """Streamed text -> OpenAI tool-call deltas, as it is generated. The grammar fixes the layout:
     `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`, calls separated by "\n"; the
@@ -54,10 +100,11 @@ class ToolCallStream:
     MID = '", "arguments": '
     TAIL = "}\n" + CLOSE
 
-    def __init__(self):
+    def __init__(self, loose: LooseCalls | None = None):
         self.buf = ""
         self.index = -1
-        self.state = "start"          # start | text | head | args
+        self.loose = loose            # under tool_choice "auto": a whole answer that is a call in JSON
+        self.state = "start"          # start | text | hold (maybe a loose call) | head | args
         self.sent = 0                 # args characters sent for the current call
 
     def feed(self, delta: str) -> list[dict]:
@@ -71,11 +118,16 @@ class ToolCallStream:
                 if not self.buf:
                     return out
                 if self.buf[0] != "<":
-                    self.state = "text"
+                    maybe = LooseCalls.may_start(self.buf) if self.loose and not self.called else False
+                    if maybe is None:
+                        return out
+                    self.state = "hold" if maybe else "text"
                     continue
                 if len(self.buf) < len(self.HEAD):
                     return out
                 self.state = "head"
+            if self.state == "hold":
+                return out
             if self.state == "text":
                 if self.buf:
                     out.append({"content": self.buf})
@@ -107,6 +159,10 @@ class ToolCallStream:
         rest, self.buf = self.buf, ""
         if not rest:
             return []
+        call = self.loose(rest) if self.loose and self.state in ("start", "hold") and not self.called else None
+        if call is not None:
+            self.index += 1
+            return [{"tool_calls": [dict(call, index=self.index)]}]
         if self.state == "args":
             return [{"tool_calls": [{"index": self.index, "function": {"arguments": rest}}]}]
         return [{"content": rest}]

@@ -24,7 +24,8 @@ import re
 from edgespec.errors import GenerationError
 from edgespec.runtime.chat import render_chat
 from edgespec.runtime.grammar import JSON_OPTIONS
-from edgespec.serve.calls import CLOSE, OPEN, CallGuard, ToolCallStream, made_calls, parse_tool_calls  # noqa: F401
+from edgespec.serve.calls import (CLOSE, OPEN, CallGuard, LooseCalls, ToolCallStream, made_calls,  # noqa: F401
+                                  parse_tool_calls)
 from edgespec.serve.errors import APIError
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

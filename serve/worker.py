@@ -5,7 +5,9 @@ generation settings in, and events out to the asyncio side (`loop.call_soon_thre
 ("start", None), ("delta", str), ("done", Outcome) or ("error", APIError). A job answering with tool
 calls carries a `guard` (serve/calls.CallGuard): the text goes through it, and it may end the
 generation (a repeated call); under tool_choice "auto", a call the conversation already made is
-answered in text instead (`text_fallback`: the settings' overrides for that, a text-only grammar). A job can be cancelled at
+answered in text instead (`text_fallback`: the settings' overrides for that, a text-only grammar); the
+call's generation is first run to its end (one token: `_drain`), so that the text answer reuses the
+prompt's KV instead of prefilling it again. A job can be cancelled at
 any time (client gone, server shutting down, deadline passed): a queued job is dropped, a running one
 stops before its next round, and the decoder's next generation starts from scratch.
 """
@@ -20,6 +22,12 @@ from dataclasses import dataclass
 
 from edgespec.errors import EdgespecError
 from edgespec.serve.protocol import APIError
+
+# GenerationStats fields also in the response's "edgespec" object: where a request's time went (prefill
+# after prefix reuse, verify forwards) and which drafts were kept (runtime/stats.py)
+DRAIN_ROUNDS = 4         # rounds a generation ended at a repeated call may run on to complete (Worker._drain)
+EXT_COUNTS = ("prefill_ms", "reused_tokens", "verify_forwards", "drafted", "accepted", "store_drafted",
+              "store_accepted", "guesses", "guesses_accepted", "forced", "forced_accepted")
 
 
 @dataclass
@@ -156,10 +164,11 @@ class Worker:
         except EdgespecError as exc:
             return "error", APIError(400, str(exc))
         job.post("start", {"queue_ms": queue_ms})
-        reason, guard = None, job.guard
+        reason, guard, fallback = None, job.guard, False
         try:
             reason = self._drive(job, stream, guard)
             if guard is not None and guard.repeated and job.text_fallback is not None:
+                fallback = True
                 # tool_choice "auto" and a call already made in the conversation: a text answer instead
                 stream.close()
                 stream = self.dec.stream(job.prompt_ids, **dict(job.settings, **job.text_fallback))
@@ -180,10 +189,20 @@ class Worker:
         ext = {"strategy": st.strategy, "draft_length": st.draft_length,
                "draft_length_setting": st.draft_length_setting, "acceptance": st.acceptance_rate, "tau": st.tau,
                "decode_tokens_per_s": st.decode_tokens_per_s, "ttft_ms": st.ttft_ms, "total_ms": st.total_ms,
-               "queue_ms": queue_ms, "queue_position": job.position, "stop_reason": reason}
+               "queue_ms": queue_ms, "queue_position": job.position, "stop_reason": reason, "text_fallback": fallback,
+               **{k: getattr(st, k) for k in EXT_COUNTS}}
         self.last = {"stop_reason": reason, "completion_tokens": len(res.token_ids), "total_ms": st.total_ms}
         return "done", Outcome(text=text, prompt_tokens=len(res.prompt_token_ids),
                                completion_tokens=len(res.token_ids), stop_reason=reason, ext=ext)
+
+    @staticmethod
+    def _drain(job: Job, stream) -> None:
+        """Run a generation to its end without posting it (at most DRAIN_ROUNDS more rounds), so that it
+        completes: the decoder then keeps the KV of the prompt for the next generation (runtime/prefix.py),
+        which a stream closed early forgets. The text fallback re-reads the same prompt."""
+        for i, _ in enumerate(stream):
+            if i >= DRAIN_ROUNDS or job.cancelled.is_set() or time.monotonic() >= job.deadline:
+                return
 
     @staticmethod
     def _drive(job: Job, stream, guard) -> str | None:
@@ -195,6 +214,8 @@ class Worker:
             if job.deltas and delta:
                 job.post("delta", delta)
             if guard is not None and guard.done:     # a repeated tool call: the answer ends before it
+                if not guard.parallel:               # one call allowed: what is left is its end (EOS), and a
+                    Worker._drain(job, stream)       # completed generation leaves its KV to the next one
                 return "stop"
             if job.cancelled.is_set():
                 return job.cancel_reason

@@ -113,3 +113,45 @@ def test_a_call_the_conversation_already_made_ends_the_answer():
     assert g.feed(CALL_B) == CALL_B and not g.done                    # a new call passes
     assert g.feed("\n" + CALL_A_AGAIN) == "" and g.done and g.repeated
     assert g.passthrough().feed("It is 5.") == "It is 5." and g.text == CALL_B + "It is 5."
+
+
+LOOSE_TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+    {"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object", "properties": {}}}}]
+FENCED = '```json\n{\n  "name": "read_file",\n  "arguments": {"path": "stats.py"}\n}\n```'
+
+
+@pytest.mark.parametrize("answer,call", [
+    (FENCED, ("read_file", {"path": "stats.py"})),
+    ('\n{"name": "run_tests", "arguments": {}}\n', ("run_tests", {})),
+    ('```\n{"name": "run_tests"}\n```', ("run_tests", {})),
+    ('```json\n{"name": "rm_rf", "arguments": {}}\n```', None),                 # not an offered tool
+    ('```json\n{"name": "read_file", "arguments": {}}\n```', None),             # a required argument missing
+    ('{"name": "read_file", "arguments": {"path": "a.py"}, "why": 1}', None),  # more than a call
+    ("Here is the call:\n" + FENCED, None),                                     # prose around it: text
+    ('{"name": "run_tests", "arguments": {}', None),                            # cut: not JSON
+])
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_a_text_answer_that_is_one_call_in_json_becomes_it(answer, call, step):
+    """Qwen2.5-Coder under tool_choice "auto" often writes its call as a ```json block instead of
+    <tool_call>: an agent loop with the client's defaults then ended at its first step (2026-11-27)."""
+    from edgespec.serve.tools import LooseCalls
+    loose = LooseCalls(LOOSE_TOOLS)
+    got = loose(answer)
+    assert (got and (got["function"]["name"], json.loads(got["function"]["arguments"]))) == (call or None)
+    s = ToolCallStream(loose)
+    pieces = [d for i in range(0, len(answer), step) for d in s.feed(answer[i:i + step])] + s.finish()
+    content, calls = _assemble(pieces)
+    assert (content, [(n, json.loads(a)) for n, a in calls]) == (("", [call]) if call else (answer, []))
+    assert s.called == bool(call)
+
+
+def test_loose_calls_keep_to_their_shape():
+    from edgespec.serve.tools import LooseCalls, made_calls
+    s = ToolCallStream(LooseCalls(LOOSE_TOOLS))
+    assert s.feed("The tests") == [{"content": "The tests"}]          # plain text streams at once
+    assert LooseCalls.may_start("  ``") is None and LooseCalls.may_start("`x") is False
+    made = made_calls([{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "run_tests", "arguments": {}}}]}])
+    assert LooseCalls(LOOSE_TOOLS, made)('{"name": "run_tests", "arguments": {}}') is None   # already made: text
+    assert ToolCallStream().feed(FENCED) == [{"content": FENCED}]    # no LooseCalls (not "auto"): text as before

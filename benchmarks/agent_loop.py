@@ -1,0 +1,221 @@
+"""A tool-using coding agent through `edgespec serve`, end to end: the default server against `--strategy ar`
+(issue 48's agent-loop target: wall time <= 0.6x, every answer identical).
+
+The agent is written with the `openai` client and its defaults (no parallel_tool_calls, no tool_choice,
+temperature 0, non-streamed), over benchmarks/agent_tasks.py's in-memory projects (list_files, read_file,
+write_file, replace_in_file, run_tests, which really runs the project's tests). Each task is a loop: ask,
+run every tool call, feed the results back, until the answer is text or --max-steps model steps.
+
+Two servers on the same bundle, each `edgespec serve --bundle B --port 0 --threads N` in a subprocess: one
+at the default `--strategy auto`, one at `--strategy ar`. After one short untimed request to each, every
+task runs on both, one server at a time (never both busy), the order alternating from task to task. The
+default server keeps its answer store across tasks, as a server does.
+
+Reported per task: model steps, the loop's wall time on each server (requests and tool runs), the ratio
+default / ar, tokens generated, and whether every step's answer (content, tool calls' names and arguments,
+finish_reason) is identical; then the pooled ratio (sum of wall times) and the worst task. With --json,
+every step's `edgespec` stats (prefill, prefix reuse, drafts kept) of both servers go to a file. Exit
+status 1 if any answer differs (greedy speculation is lossless) or a loop hits --max-steps.
+
+    python benchmarks/agent_loop.py --bundle B [--split calib|test|all] [--threads 2] [--max-steps 12]
+        [--max-tokens 1024] [--json OUT] [--default-arg=--no-cross-request ...]
+
+Tune on `--split calib` only; report `--split test` (docs/results.md). Timings are comparable only within
+one run (the two servers interleaved on one machine).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agent_tasks import SYSTEM, TOOLS, Task, call_tool, tasks  # noqa: E402
+
+MODEL = "agent"
+STEP_STATS = ("prefill_ms", "reused_tokens", "verify_forwards", "drafted", "accepted", "store_drafted",
+              "store_accepted", "guesses", "guesses_accepted", "forced", "forced_accepted")
+
+
+class Server:
+    """`python -m edgespec serve --bundle B --port 0 ARGS` in a subprocess; the URL from its startup line."""
+
+    def __init__(self, bundle, *args: str, startup_s: float = 900):
+        cmd = [sys.executable, "-m", "edgespec", "serve", "--bundle", str(bundle), "--port", "0",
+               "--model-name", MODEL, *args]
+        self.args = args
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        ready = threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                if "http://" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        ready.wait(startup_s)
+        line = next((x for x in self.lines if "http://" in x), None)
+        if line is None or self.proc.poll() is not None:
+            self.stop()
+            raise SystemExit("edgespec serve did not start:\n" + "".join(self.lines[-20:]))
+        self.url = "http://" + line.rsplit("http://", 1)[1].split()[0]
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=3600)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def run_loop(client: openai.OpenAI, task: Task, max_steps: int = 12, max_tokens: int = 1024,
+             first_tool_choice: str | None = None) -> dict:
+    """One task's agent loop on one server: {"steps": [...], "wall_s", "finished", "files"}. Each step
+    records what must be identical across servers (content, calls, finish) and the server's stats."""
+    files = dict(task.files)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.prompt}]
+    steps, finished = [], False
+    t0 = time.perf_counter()
+    for i in range(max_steps):
+        kw = dict(model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=max_tokens)
+        if i == 0 and first_tool_choice is not None:
+            kw["tool_choice"] = first_tool_choice
+        t = time.perf_counter()
+        resp = client.chat.completions.create(**kw)
+        choice = resp.choices[0]
+        msg = choice.message
+        calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+        ext = resp.model_extra.get("edgespec") or {}
+        steps.append({"content": msg.content, "calls": calls, "finish": choice.finish_reason,
+                      "request_s": time.perf_counter() - t, "prompt_tokens": resp.usage.prompt_tokens,
+                      "completion_tokens": resp.usage.completion_tokens,
+                      **{k: ext.get(k) for k in ("strategy", "ttft_ms", "total_ms", *STEP_STATS)}})
+        messages.append(msg.model_dump(exclude_none=True, exclude={"refusal", "annotations", "audio"}))
+        if not msg.tool_calls:
+            finished = True
+            break
+        for c in msg.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": c.id,
+                             "content": call_tool(files, c.function.name, c.function.arguments)})
+    return {"steps": steps, "wall_s": time.perf_counter() - t0, "finished": finished, "files": files}
+
+
+def answers(run: dict) -> list[tuple]:
+    """What must be identical between the two servers, step by step (call ids are random)."""
+    return [(s["content"], s["calls"], s["finish"]) for s in run["steps"]]
+
+
+def first_difference(a: dict, b: dict) -> str | None:
+    for i, (x, y) in enumerate(zip(answers(a), answers(b))):
+        if x != y:
+            return f"step {i + 1}: {str(x)[:160]!r} vs {str(y)[:160]!r}"
+    if len(a["steps"]) != len(b["steps"]):
+        return f"{len(a['steps'])} steps vs {len(b['steps'])}"
+    return None
+
+
+def compare(servers: dict[str, Server], todo: list[Task], max_steps: int, max_tokens: int,
+            first_tool_choice: str | None = None, log=print) -> list[dict]:
+    """Every task on both servers (named "default" and "ar"), one at a time, the order alternating."""
+    clients = {name: srv.client() for name, srv in servers.items()}
+    for client in clients.values():            # warm-up, untimed
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}],
+                                       max_tokens=4, temperature=0)
+    rows = []
+    for n, task in enumerate(todo):
+        order = ("default", "ar") if n % 2 == 0 else ("ar", "default")
+        runs = {name: run_loop(clients[name], task, max_steps, max_tokens, first_tool_choice) for name in order}
+        d, a = runs["default"], runs["ar"]
+        row = {"task": task.id, "first": order[0], "steps": len(d["steps"]), "default_s": d["wall_s"],
+               "ar_s": a["wall_s"], "ratio": d["wall_s"] / a["wall_s"],
+               "tokens": sum(s["completion_tokens"] for s in d["steps"]),
+               "finished": d["finished"] and a["finished"], "difference": first_difference(d, a), "runs": runs}
+        rows.append(row)
+        log(f"{task.id:<22} {row['steps']:>5} {row['default_s']:>9.1f} {row['ar_s']:>9.1f} {row['ratio']:>6.3f} "
+            f"{row['tokens']:>7} {'yes' if row['difference'] is None else 'NO':>9} "
+            f"{'' if row['finished'] else '(hit --max-steps)'}")
+        if row["difference"]:
+            log(f"  first difference: {row['difference']}")
+    return rows
+
+
+def phases(rows: list[dict], name: str) -> str:
+    """Where the time went on one server: prefill against the rest, prefix reuse, drafts kept."""
+    steps = [s for r in rows for s in r["runs"][name]["steps"]]
+    tot = lambda k: sum(s.get(k) or 0 for s in steps)           # noqa: E731
+    wall = sum(r["runs"][name]["wall_s"] for r in rows)
+    req = sum(s["request_s"] for s in steps)
+    return (f"{name}: {len(steps)} requests, wall {wall:.1f} s (requests {req:.1f} s), prefill "
+            f"{tot('prefill_ms') / 1e3:.1f} s of {tot('total_ms') / 1e3:.1f} s generating; prompt tokens "
+            f"{tot('prompt_tokens')}, KV reused {tot('reused_tokens')}; generated {tot('completion_tokens')} in "
+            f"{tot('verify_forwards')} verify forwards; drafts kept {tot('accepted')}/{tot('drafted')} "
+            f"(store {tot('store_accepted')}/{tot('store_drafted')}), guesses kept "
+            f"{tot('guesses_accepted')}/{tot('guesses')}, forced kept {tot('forced_accepted')}/{tot('forced')}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundle", required=True, type=Path)
+    ap.add_argument("--split", choices=("calib", "test", "all"), default="test")
+    ap.add_argument("--threads", type=int, default=2, help="each server's --threads (default 2)")
+    ap.add_argument("--max-steps", type=int, default=12, help="model steps per loop before it is stopped (default 12)")
+    ap.add_argument("--max-tokens", type=int, default=1024, help="max_tokens of each request (default 1024)")
+    ap.add_argument("--tasks", default=None, help="comma-separated task ids (default: the split's)")
+    ap.add_argument("--default-arg", action="append", default=[], metavar="ARG",
+                    help="an extra flag for the default server, repeatable (e.g. --default-arg=--no-cross-request)")
+    ap.add_argument("--json", type=Path, default=None, help="write every step of both servers here")
+    args = ap.parse_args(argv)
+    if not (args.bundle / "manifest.json").is_file():
+        ap.error(f"--bundle {args.bundle}: not a bundle directory (no manifest.json)")
+    todo = tasks(args.split)
+    if args.tasks:
+        ids = args.tasks.split(",")
+        unknown = sorted(set(ids) - {t.id for t in tasks("all")})
+        if unknown:
+            ap.error(f"--tasks: unknown task(s) {', '.join(unknown)}; known: {', '.join(t.id for t in tasks('all'))}")
+        todo = [t for t in tasks("all") if t.id in ids]
+    common = ("--threads", str(args.threads), "--timeout", "3600", "--max-tokens-cap", str(args.max_tokens))
+    servers = {}
+    try:
+        servers["default"] = Server(args.bundle, *common, *args.default_arg)
+        servers["ar"] = Server(args.bundle, *common, "--strategy", "ar")
+        print(f"# {len(todo)} task(s), split {args.split}, threads {args.threads}, bundle {args.bundle}")
+        print(f"{'task':<22} {'steps':>5} {'default_s':>9} {'ar_s':>9} {'ratio':>6} {'tokens':>7} {'identical':>9}")
+        rows = compare(servers, todo, args.max_steps, args.max_tokens)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    pooled = sum(r["default_s"] for r in rows) / sum(r["ar_s"] for r in rows)
+    worst = max(rows, key=lambda r: r["ratio"])
+    same = all(r["difference"] is None for r in rows)
+    print(f"pooled default/ar wall time {pooled:.3f} (target <= 0.6); worst task {worst['task']} {worst['ratio']:.3f}; "
+          f"answers identical: {'yes' if same else 'NO'}")
+    for name in ("default", "ar"):
+        print(phases(rows, name))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "pooled": pooled,
+                                         "rows": rows}, indent=1, default=str))
+    return 0 if same and all(r["finished"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
