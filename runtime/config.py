@@ -142,6 +142,15 @@ def with_deprecated(options, keywords: dict, where: str = "SpeculativeDecoder"):
     return {**keywords, **(options or {})}
 
 
+def checked_config(bundle, config: DecodeConfig) -> DecodeConfig:
+    """A decoder's or variant's config on `bundle`, resolved (DecodeConfig.resolved: a*, the drafter's
+    context window) and its strategy's options checked: once, before anything is built for it."""
+    config = config.resolved(bundle, bundle.drafter.max_position if bundle.has_drafter else None)
+    if config.strategy.check:
+        config.strategy.check(bundle, dict(config.options))
+    return config
+
+
 def check_decoder_settings(strategy=DEFAULT_STRATEGY, draft_length=DEFAULT_DRAFT_LENGTH, threads=None,
                            draft_probability=None, options=None, **_sessions) -> tuple[DecodeConfig, dict]:
     """SpeculativeDecoder's settings checked, nothing loaded: its DecodeConfig and its session settings

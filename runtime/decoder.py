@@ -14,6 +14,7 @@ arrays and, for randomised drafting with concurrent_draft=True, one worker threa
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,7 @@ from edgespec.runtime.build import build_shared
 from edgespec.runtime.bundle import Bundle
 from edgespec.runtime.checks import DEFAULT_MAX_NEW_TOKENS, check_generation_args
 from edgespec.runtime.config import (DEFAULT_DRAFT_LENGTH, DEFAULT_STRATEGY, DecodeConfig, check_decoder_settings,
-                                     with_deprecated)
+                                     checked_config, with_deprecated)
 from edgespec.runtime.chat import as_messages, render_chat
 from edgespec.runtime.device_profile import plan_for
 from edgespec.runtime.device_plan import DevicePlanning
@@ -70,7 +71,7 @@ class SpeculativeDecoder:
             bundle = Bundle.load(bundle)
         self.bundle = bundle
         config = replace(config, strategy=for_bundle(config.strategy, bundle))
-        config = self._checked(config)                  # refuse before paying for the sessions
+        config = checked_config(bundle, config)         # refuse before paying for the sessions
         # this machine's plan (runtime/plan.py): which graph runs the target, whether the drafter pays
         self.planning = DevicePlanning(bundle, threads, ep, *plan_for(bundle, threads, ep),
                                        measure=strategy == "auto")
@@ -80,26 +81,8 @@ class SpeculativeDecoder:
         alone = not strat.uses_drafter or strat.name == "auto" and not plan.drafter
         self.shared = build_shared(bundle, plan, ep, threads, session, with_drafter=strat.uses_drafter,
                                    target_alone=alone, prefill_graph=prefill_graph, allow_fallback=allow_fallback)
-        self._configure(config)
-
-    def _checked(self, config: DecodeConfig) -> DecodeConfig:
-        """The config resolved for this bundle (the drafter's context window) and its strategy's options
-        checked: once per decoder or variant, before anything is built for it."""
-        config = config.resolved(self.bundle, self.bundle.drafter.max_position if self.bundle.has_drafter else None)
-        if config.strategy.check:
-            config.strategy.check(self.bundle, dict(config.options))
-        return config
-
-    def _configure(self, config: DecodeConfig) -> None:
-        """Take a checked config (_checked) on this decoder's sessions: the variant's Setup (the strategy's
-        precomputed tables, the governors and the per-round arrays)."""
-        strat = config.strategy
-        if strat.uses_drafter and self.shared.drafter is None:
-            raise GenerationError(f"strategy {strat.name!r} needs a drafter session; this decoder was created "
-                                  "with 'ar' and has none")
-        self.config = config
-        self.setup = Setup(config, strat.prepare(self.bundle, dict(config.options)), self.bundle.target.vocab_size)
-        self._auto: dict = {}                  # strategy="auto": the decoder chosen per sampling mode
+        self.config, self.setup = config, Setup.for_config(bundle, self.shared, config)
+        self.auto_variants: dict = {}          # strategy="auto": the variant it stands for, per sampling mode
         self.last_result: GenerationResult | None = None
         self.last_generation: Generation | None = None
 
@@ -126,9 +109,10 @@ class SpeculativeDecoder:
             draft_length = self.config.draft_length if strat.speculative else 1
         config = replace(self.config, strategy=strat, draft_length=draft_length, draft_probability=draft_probability,
                          options=options, **changes)
-        new = object.__new__(SpeculativeDecoder)      # the same bundle, plan and Shared; its own Setup
-        new.bundle, new.planning, new.shared = self.bundle, self.planning, self.shared
-        new._configure(new._checked(config))
+        config = checked_config(self.bundle, config)
+        new = copy.copy(self)                  # the same bundle, planning and Shared; its own config and Setup
+        new.config, new.setup = config, Setup.for_config(self.bundle, self.shared, config)
+        new.auto_variants, new.last_result, new.last_generation = {}, None, None
         return new
 
     # ------------------------------------------------------------------ resources
@@ -151,11 +135,11 @@ class SpeculativeDecoder:
         name = choose_auto(self.bundle, greedy, randomised=self.config.draft_probability is not None,
                            drafter=plan.drafter, exact=plan.gamma_max > 0, fast_plain=fast)
         key = (name, fast and name == "ar")
-        if key not in self._auto:
+        if key not in self.auto_variants:
             steps = {"plain_steps": "fast"} if key[1] else {}
-            self._auto[key] = self.variant(name, draft_probability=self.config.draft_probability,
+            self.auto_variants[key] = self.variant(name, draft_probability=self.config.draft_probability,
                                            **steps, **self.config.options)
-        return self._auto[key]
+        return self.auto_variants[key]
 
     @property
     def drafter_session_info(self):

@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 
+from edgespec.errors import GenerationError
 from edgespec.runtime.answer_store import DEFAULT_STORE_MB, AnswerStore
 from edgespec.runtime.governor import Governor
 from edgespec.runtime.prefix import PrefixCache
@@ -63,6 +64,15 @@ class Shared:
 
 
 class Setup:
+    @classmethod
+    def for_config(cls, bundle, shared: Shared, config) -> "Setup":
+        """A checked config's Setup on a decoder's `shared` sessions (config.checked_config)."""
+        strat = config.strategy
+        if strat.uses_drafter and shared.drafter is None:
+            raise GenerationError(f"strategy {strat.name!r} needs a drafter session; this decoder was created "
+                                  "with 'ar' and has none")
+        return cls(config, strat.prepare(bundle, dict(config.options)), bundle.target.vocab_size)
+
     def __init__(self, config, prepared, vocab_size: int):
         self.config = config                   # config.DecodeConfig, resolved for the bundle
         self.prepared = prepared               # Strategy.prepare's tables

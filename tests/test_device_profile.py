@@ -295,7 +295,7 @@ def test_model_steps_beside_a_prefill_graph_that_pads_attention(bundle, home):
             dec.shared.target = ModelRunner(t.session, "target", t.max_position, kv="copy",
                                              prefill_session=t.prefill_session)
             dec.target.min_tokens = 2
-            dec._auto.clear()
+            dec.auto_variants.clear()
         assert dec.target.pad_rows == 0 and dec.target.prefill_pad_rows == 1
         prompt = (PROMPT + "\n") * 4
         ids = dec.encode_prompt(prompt)
