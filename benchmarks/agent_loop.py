@@ -18,7 +18,8 @@ every step's `edgespec` stats (prefill, prefix reuse, drafts kept) of both serve
 status 1 if any answer differs (greedy speculation is lossless) or a loop hits --max-steps.
 
     python benchmarks/agent_loop.py --bundle B [--split calib|test|all] [--threads 2] [--max-steps 12]
-        [--max-tokens 1024] [--json OUT] [--default-arg=--no-cross-request ...]
+        [--max-tokens 1024] [--tasks ID,...] [--first-tool-choice required] [--json OUT]
+        [--default-arg=--no-cross-request ...]
 
 Tune on `--split calib` only; report `--split test` (docs/results.md). Timings are comparable only within
 one run (the two servers interleaved on one machine).
@@ -132,7 +133,7 @@ def first_difference(a: dict, b: dict) -> str | None:
 
 
 def compare(servers: dict[str, Server], todo: list[Task], max_steps: int, max_tokens: int,
-            first_tool_choice: str | None = None, log=print) -> list[dict]:
+            first_tool_choice: str | None = None, log=print, on_row=None) -> list[dict]:
     """Every task on both servers (named "default" and "ar"), one at a time, the order alternating."""
     clients = {name: srv.client() for name, srv in servers.items()}
     for client in clients.values():            # warm-up, untimed
@@ -151,8 +152,12 @@ def compare(servers: dict[str, Server], todo: list[Task], max_steps: int, max_to
         log(f"{task.id:<22} {row['steps']:>5} {row['default_s']:>9.1f} {row['ar_s']:>9.1f} {row['ratio']:>6.3f} "
             f"{row['tokens']:>7} {'yes' if row['difference'] is None else 'NO':>9} "
             f"{'' if row['finished'] else '(hit --max-steps)'}")
+        log("  steps: " + " | ".join(",".join(n for n, _ in st["calls"]) or f"text({st['finish']})"
+                                     for st in d["steps"]))
         if row["difference"]:
             log(f"  first difference: {row['difference']}")
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
@@ -180,7 +185,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default=None, help="comma-separated task ids (default: the split's)")
     ap.add_argument("--default-arg", action="append", default=[], metavar="ARG",
                     help="an extra flag for the default server, repeatable (e.g. --default-arg=--no-cross-request)")
-    ap.add_argument("--json", type=Path, default=None, help="write every step of both servers here")
+    ap.add_argument("--json", type=Path, default=None, help="write every step of both servers here (after each task)")
+    ap.add_argument("--first-tool-choice", default=None, choices=("required",),
+                    help="tool_choice of each loop's first request (default: none sent, the model decides)")
     args = ap.parse_args(argv)
     if not (args.bundle / "manifest.json").is_file():
         ap.error(f"--bundle {args.bundle}: not a bundle directory (no manifest.json)")
@@ -191,6 +198,12 @@ def main(argv=None) -> int:
         if unknown:
             ap.error(f"--tasks: unknown task(s) {', '.join(unknown)}; known: {', '.join(t.id for t in tasks('all'))}")
         todo = [t for t in tasks("all") if t.id in ids]
+    def save(rows):
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows},
+                                            indent=1, default=str))
+
     common = ("--threads", str(args.threads), "--timeout", "3600", "--max-tokens-cap", str(args.max_tokens))
     servers = {}
     try:
@@ -198,7 +211,7 @@ def main(argv=None) -> int:
         servers["ar"] = Server(args.bundle, *common, "--strategy", "ar")
         print(f"# {len(todo)} task(s), split {args.split}, threads {args.threads}, bundle {args.bundle}")
         print(f"{'task':<22} {'steps':>5} {'default_s':>9} {'ar_s':>9} {'ratio':>6} {'tokens':>7} {'identical':>9}")
-        rows = compare(servers, todo, args.max_steps, args.max_tokens)
+        rows = compare(servers, todo, args.max_steps, args.max_tokens, args.first_tool_choice, on_row=save)
     finally:
         for srv in servers.values():
             srv.stop()
@@ -209,10 +222,6 @@ def main(argv=None) -> int:
           f"answers identical: {'yes' if same else 'NO'}")
     for name in ("default", "ar"):
         print(phases(rows, name))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "pooled": pooled,
-                                         "rows": rows}, indent=1, default=str))
     return 0 if same and all(r["finished"] for r in rows) else 1
 
 

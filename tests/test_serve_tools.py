@@ -155,3 +155,21 @@ def test_loose_calls_keep_to_their_shape():
         {"id": "c1", "type": "function", "function": {"name": "run_tests", "arguments": {}}}]}])
     assert LooseCalls(LOOSE_TOOLS, made)('{"name": "run_tests", "arguments": {}}') is None   # already made: text
     assert ToolCallStream().feed(FENCED) == [{"content": FENCED}]    # no LooseCalls (not "auto"): text as before
+
+
+@pytest.mark.xfail(strict=True, reason="runtime/chat.py keeps jinja2's own tojson (sorted keys, <>&' escaped as "
+                                       "\\u003c...), not HF's (json.dumps, ensure_ascii=False): a call re-rendered "
+                                       "in the history differs from what the model wrote")
+def test_a_call_in_the_history_renders_as_the_model_wrote_it():
+    """An agent sends each call back in the history: rendered as generated, the server keeps the KV of the
+    whole conversation (runtime/prefix.py) and the model sees its own code unescaped."""
+    from pathlib import Path
+
+    from edgespec.runtime.chat import render_chat
+    template = (Path(__file__).parent / "data" / "qwen2.5_chat_template.jinja").read_text()
+    args = {"path": "a.py", "content": "if x < 'a' & y:\n    pass\n"}     # not in sorted order, <, &, '
+    history = [{"role": "user", "content": "edit"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": args}}]}]
+    written = '<tool_call>\n{"name": "write_file", "arguments": ' + json.dumps(args, ensure_ascii=False) + \
+        '}\n</tool_call>'
+    assert written in render_chat(template, history, tools=LOOSE_TOOLS)
