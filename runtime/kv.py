@@ -4,21 +4,24 @@
   of those positions, [len(ids), V] (valid until this runner's next forward).
   With an empty cache this is the prefill: one forward over the whole prompt.
 - `crop(n)` keeps the first n cached positions; `reset()` empties the cache.
-- With a prefill graph (export/prefill_graph.py; runtime/kv_prefill.py), a prompt of PREFILL_GRAPH_TOKENS or more runs on it
-  (`prefill_graph_for`); `prefill_graph_rows` counts the leading positions it computed, which prefix
-  reuse may keep (runtime/prefix.py) where the prefill graph is chunk-invariant on this machine
-  (`check_prefill_chunks`). A deferred prefill graph (`prefill_factory`) is built for the first prompt
-  that needs it (`build_prefill_graph`).
+- With a prefill graph (export/prefill_graph.py; runtime/kv_prefill.py), a prompt of PREFILL_GRAPH_TOKENS or
+  more runs on it (`prefill_graph_for`); `prefill_graph_rows` counts the leading positions it computed,
+  which prefix reuse may keep (runtime/prefix.py) where the prefill graph is chunk-invariant on this
+  machine (`check_prefill_chunks`). A deferred prefill graph (`prefill_factory`) is built for the first
+  prompt that needs it (`build_prefill_graph`).
 - Each forward's wall time (ms) is added to `time_ms` / `last_ms`.
 
-Two KV layouts, chosen from the graph's metadata (`edgespec.kv_cache`, written at export):
+A runner is a few small objects: what its graph declares (`graph`, runtime/kv_graph.py), the KV cache in
+one of two layouts behind one interface (`kv`: reset, crop, reserve, attach, arrays, run), its optional
+prefill graph (`prefill`, runtime/kv_prefill.py) and its counters (`counts`). The layout is chosen from
+the graph's metadata (`edgespec.kv_cache`, written at export):
 
 - **shared** (builder graphs, GroupQueryAttention; runtime/kv_shared.py): one buffer per past input,
   bound as both past and present, written in place by attention; a rollback (`crop`) is a change of
   `length`.
-- **copy** (optimum graphs): the `present.*` outputs (past + new, concatenated by the graph) become
-  the next call's `past_key_values.*` inputs as NumPy arrays; a crop is a slice, made contiguous
-  at the next forward.
+- **copy** (optimum graphs; runtime/kv_copy.py): the `present.*` outputs (past + new, concatenated by
+  the graph) become the next call's `past_key_values.*` inputs as NumPy arrays; a crop is a slice, made
+  contiguous at the next forward.
 """
 from __future__ import annotations
 
@@ -28,27 +31,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from edgespec.errors import BundleError, GenerationError
+from edgespec.errors import GenerationError
+from edgespec.runtime.kv_copy import CopyLayout
+from edgespec.runtime.kv_graph import (KV_KEY, LOGITS_TO_KEEP, MIN_TOKENS_KEY, PAD_ROWS_KEY,  # noqa: F401 (exported)
+                                       ForwardCounts, GraphSignature)
+from edgespec.runtime.kv_prefill import AUTO_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS, PrefillGraph  # noqa: F401
+from edgespec.runtime.kv_shared import SharedLayout
 from edgespec.runtime.placement import CPU, DEVICE
-from edgespec.runtime.kv_prefill import PAD_ROWS_KEY, PrefillGraph, graph_meta
-from edgespec.runtime.kv_shared import LOGITS_TO_KEEP, SharedLayout, as_float32, keep_feed
-from edgespec.runtime.probes import check_device_session
-
-_PAST_PREFIX = "past_key_values."
-_PRESENT_PREFIX = "present."
-_ORT_TO_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-                 "tensor(bfloat16)": np.float32}
-KV_KEY = "edgespec.kv_cache"
-MIN_TOKENS_KEY = "edgespec.min_forward_tokens"
-# Forwards this long or longer run on the prefill graph where there is one. The int4 1.5B, 2-core Xeon,
-# prefill of 64 / 128 / 512 tokens: 0.81 / 1.56 / 6.51 s on the graph, 0.77 / 1.32 / 5.23 s on the
-# prefill graph; a 5-token forward 113 against 310 ms (export/prefill_graph.py).
-PREFILL_GRAPH_TOKENS = 96     # above any verify forward (tests/test_prefill_graph.py checks it)
-# prefill_graph="auto" takes prompts this long: a deferred build (1.1-1.3 s, the int4 1.5B's weights
-# prepacked again) is then about what the prefill graph saves on its first prompt (2.5 ms a token on the
-# 2-core Xeon). One threshold whether built yet or not, so that a prompt's function never depends on
-# what the decoder ran before.
-AUTO_PREFILL_GRAPH_TOKENS = 512
+from edgespec.runtime.probes import check_device_session, prefill_chunks_exact
 
 
 def default_feeds(session) -> dict:
@@ -57,104 +47,98 @@ def default_feeds(session) -> dict:
                                                                   session.get_inputs()) else {}
 
 
-class ModelRunner(SharedLayout, PrefillGraph):
+def _read(part: str, name: str) -> property:
+    """A read-only attribute of the runner that is `name` of its `part` (graph, kv, prefill, counts)."""
+    return property(lambda self: getattr(getattr(self, part), name), doc=f"`self.{part}.{name}`")
+
+
+class ModelRunner:
     """Runs a causal LM exported with past inputs (docs/architecture.md, "The target graph").
 
     `kv="copy"` forces the copying layout on a graph that allows sharing (for comparisons).
-    `exact=False` (the drafter) skips the 1-token padding a quantized graph asks for: the drafter's
-    logits only steer proposals, verification reads the target's."""
+    `min_tokens`: the forward width, shorter forwards padded to it (with their last id, then dropped);
+    None takes the width the graph declares (`edgespec.min_forward_tokens`) where `exact`, else 1.
+    `exact=False` (the drafter) skips the declared padding: the drafter's logits only steer proposals,
+    verification reads the target's. On a non-CPU EP an exact runner's 1-token forwards are padded to
+    2 where they compute other bits (runtime/probes.py)."""
 
     pending = False            # built (a DeferredRunner is pending until its first forward)
     session_info = None        # sessions.SessionInfo, set by whoever created the session
+    shared_layout, copy_layout = SharedLayout, CopyLayout      # the layout classes use_layout makes
+
+    past_names, vocab, keeps_last = _read("graph", "past_names"), _read("graph", "vocab"), _read("graph", "keeps_last")
+    pad_rows, extra_outputs = _read("graph", "pad_rows"), _read("graph", "extra_outputs")
+    length, capacity = _read("kv", "length"), _read("kv", "capacity")
+    prefill_session, prefill_pad_rows = _read("prefill", "session"), _read("prefill", "pad_rows")
+    prefill_from, prefill_pending = _read("prefill", "from_tokens"), _read("prefill", "pending")
+    prefill_chunks_exact, prefill_graph_rows = _read("prefill", "chunks_exact"), _read("prefill", "rows")
+    time_ms, last_ms = _read("counts", "time_ms"), _read("counts", "last_ms")
+    forwards, tokens_fed = _read("counts", "forwards"), _read("counts", "tokens_fed")
 
     def __init__(self, session, role: str = "model", max_position: int | None = None, exact: bool = True,
                  head_dim: int | None = None, kv: str = "auto", prefill_session=None,
                  prefill_factory: Callable[[], object] | None = None, prefill_from: int = PREFILL_GRAPH_TOKENS,
-                 remember_chunks: Callable[[Callable[[], bool]], bool] | None = None):
-        self.session = session
-        # export/prefill_graph.py: the same graph computing in fp32, for forwards of PREFILL_GRAPH_TOKENS or
-        # more; given (prefill_session) or built for the first long prompt (prefill_factory: a session)
-        self.prefill_session = None
-        self._prefill_factory = prefill_factory if prefill_session is None else None
-        self.prefill_from = max(int(prefill_from), PREFILL_GRAPH_TOKENS)   # the shortest prompt it takes
-        self._remember_chunks = remember_chunks     # (probe) -> verdict, probing only where none is known
-        self.role = role
-        self.max_position = max_position
-        inputs = {i.name: i for i in session.get_inputs()}
-        outputs = [o.name for o in session.get_outputs()]
-        for need in ("input_ids", "attention_mask"):
-            if need not in inputs:
-                raise BundleError(f"{role} graph has no input {need!r} (inputs: {', '.join(inputs)})")
-        if "logits" not in outputs:
-            raise BundleError(f"{role} graph has no output 'logits'")
-        self.past_names = [n for n in inputs if n.startswith(_PAST_PREFIX)]
-        self.present_names = [_PRESENT_PREFIX + n[len(_PAST_PREFIX):] for n in self.past_names]
-        missing = [n for n in self.present_names if n not in outputs]
-        if missing:
-            raise BundleError(f"{role} graph lacks outputs {missing[:2]} for its past inputs")
-        if not self.past_names:
-            raise BundleError(f"{role} graph has no past_key_values inputs (export with past)")
-        self.has_position_ids = "position_ids" in inputs
-        # export/last_logits.py: graphs that can emit the last k positions' logits only (prefill).
-        self.keeps_last = LOGITS_TO_KEEP in inputs
-        shape = inputs[self.past_names[0]].shape          # [batch, kv_heads, past, head_dim]
-        self.kv_heads = int(shape[1])
-        self.head_dim = int(shape[3]) if isinstance(shape[3], int) else int(head_dim or 0)
-        if not self.head_dim:
-            raise BundleError(f"{role} graph has a symbolic KV head dimension and none was given")
-        self.kv_dtype = _ORT_TO_NUMPY.get(inputs[self.past_names[0]].type, np.float32)
-        self.vocab = session.get_outputs()[outputs.index("logits")].shape[-1]
-        self.output_names = ["logits", *self.present_names]
-        meta = graph_meta(session)
-        # A quantized graph may declare that its 1-token forwards compute other logits (attention's 1-query
-        # path, amplified by int8 activations: docs/quantization.md); forward() then pads them so every
-        # forward computes the same function. A padded-attention graph (PAD_ROWS_KEY) needs no padding.
-        self.min_tokens = max(1, int(meta.get(MIN_TOKENS_KEY, 1))) if exact else 1
-        self.pad_rows = max(0, int(meta.get(PAD_ROWS_KEY, 0)))
-        self.prefill_pad_rows = self.pad_rows      # the prefill graph's own (attach_prefill_graph)
+                 remember_chunks: Callable[[Callable[[], bool]], bool] | None = None, min_tokens: int | None = None):
         if kv not in ("auto", "copy"):
             raise ValueError(f"kv must be 'auto' or 'copy', got {kv!r}")
-        self.shared = kv == "auto" and meta.get(KV_KEY) == "shared"
-        self.logits_dtype = _ORT_TO_NUMPY.get(session.get_outputs()[outputs.index("logits")].type, np.float32)
-        self.extra_outputs = [n for n in outputs if n not in self.output_names]
-        self.time_ms = 0.0           # totals over the runner's life (callers book per-generation time)
-        self.last_ms = 0.0
-        self.forwards = 0
-        self.tokens_fed = 0
-        self.capacity = 0
+        if min_tokens is not None and int(min_tokens) < 1:
+            raise ValueError(f"min_tokens must be at least 1, got {min_tokens!r}")
+        self.session = session
+        self.role = role
+        self.max_position = max_position
+        self.graph = GraphSignature(session, role, head_dim)
+        declared = self.graph.declared_min_tokens if exact else 1
+        self.min_tokens = declared if min_tokens is None else int(min_tokens)
+        # export/prefill_graph.py: the same graph computing in fp32, for forwards of PREFILL_GRAPH_TOKENS or
+        # more; given (prefill_session) or built for the first long prompt (prefill_factory: a session)
+        self.prefill = PrefillGraph(role, self.graph.pad_rows, prefill_factory if prefill_session is None else None,
+                                    prefill_from, remember_chunks)
+        self.counts = ForwardCounts()
         session_ep = (session.get_providers() or [CPU])[0]
-        self.device = DEVICE.get(session_ep, "cpu")
-        self._binding = None
-        self._prefill_binding = None
-        self.prefill_chunks_exact = False     # check_prefill_chunks (run where the prefill graph is built)
-        self._kv: list | None = None     # shared layout: one OrtValue per past input (and _host, its arrays on CPU)
-        self._host: list = []
-        self._logits = np.empty((1, 0, 0), self.logits_dtype)
-        self.reset()
+        self.device = DEVICE.get(session_ep, "cpu")     # where shared KV buffers live
+        self.use_layout(kv == "auto" and self.graph.declares_shared)      # sets self.kv
         if session_ep != CPU:      # what this EP's kernels do, measured (runtime/probes.py)
             check_device_session(self, session_ep, exact)
         if prefill_session is not None:
             self.attach_prefill_graph(prefill_session)
 
     # ------------------------------------------------------------------ state
+    @property
+    def shared(self) -> bool:
+        """Whether the cache is in the shared layout (runtime/kv_shared.py)."""
+        return isinstance(self.kv, SharedLayout)
+
+    def use_layout(self, shared: bool) -> None:
+        """Hold the cache in the shared layout (buffers on `device`) or the copy layout, empty."""
+        if shared:
+            self.kv: CopyLayout | SharedLayout = self.shared_layout(self.graph, self.session, self.device,
+                                                                    self.max_position)
+        else:
+            self.kv = self.copy_layout(self.graph)
+        if self.prefill.session is not None:       # both graphs read and write the same cache
+            self.kv.attach(self.prefill.session)
+        self.prefill.keep(0)
+
     def reset(self) -> None:
         """Empty the cache (the next forward is a prefill). Shared buffers are kept for re-use."""
-        if not self.shared:
-            empty = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=self.kv_dtype)
-            self.past = [empty] * len(self.past_names)
-        self.length = 0
-        self.prefill_graph_rows = 0
+        self.kv.reset()
+        self.prefill.keep(0)
 
     def crop(self, n: int) -> None:
         """Keep the first n cached positions (n <= length)."""
         if n < 0 or n > self.length:
             raise ValueError(f"cannot crop a {self.length}-position cache to {n}")
-        if n == self.length:
-            return
-        if not self.shared:
-            self.past = [p[:, :, :n, :] for p in self.past]
-        self.length = n
-        self.prefill_graph_rows = min(self.prefill_graph_rows, n)
+        if n != self.length:
+            self.kv.crop(n)
+            self.prefill.keep(n)
+
+    def reserve(self, positions: int) -> None:
+        """Make room for `positions` cached positions now (shared layout), so no forward grows the cache."""
+        self.kv.reserve(positions + max(self.graph.pad_rows, self.prefill.pad_rows))
+
+    def cached_kv(self) -> list[np.ndarray]:
+        """The cached positions' keys and values, one array [1, kv_heads, length, head_dim] per past input."""
+        return self.kv.arrays()
 
     # ------------------------------------------------------------------ running
     def forward(self, ids: Sequence[int] | np.ndarray, last: int | None = None, pad: bool = True,
@@ -178,51 +162,50 @@ class ModelRunner(SharedLayout, PrefillGraph):
         past = self.length
         input_ids = np.asarray(ids, dtype=np.int64).reshape(1, s)
         rows = s if last is None or not self.keeps_last else min(s, max(int(last), self.min_tokens if pad else 1))
-        on_prefill = bool(prefill_graph) and self.prefill_session is not None
+        on_prefill = bool(prefill_graph) and self.prefill.session is not None
+        session, pad_rows = (self.prefill.session, self.prefill.pad_rows) if on_prefill else \
+            (self.session, self.graph.pad_rows)
         t0 = time.perf_counter()
-        run = self._run_shared if self.shared else self._run_copy
-        logits = run(input_ids, past, rows, on_prefill)
+        logits = self.kv.run(session, input_ids, rows, pad_rows)
         if last is not None:
             logits = logits[-last:]
-        self.last_ms = (time.perf_counter() - t0) * 1e3
-        self.time_ms += self.last_ms
-        self.forwards += 1
-        self.tokens_fed += s
-        self.length = past + s
-        if on_prefill and past == self.prefill_graph_rows:
-            self.prefill_graph_rows = self.length
+        self.counts.add((time.perf_counter() - t0) * 1e3, s)
+        if on_prefill:
+            self.prefill.ran(past, self.length)
         if not np.isfinite(logits.sum()):   # one float32 reduction (~0.1 ms at 150k x 5): NaN and inf propagate
             raise GenerationError(f"the {self.role} graph returned NaN or inf logits (a corrupt or mismatched "
                                   "model file, or an EP numerics problem); no text was produced from them")
         return logits
 
-    def _run_copy(self, input_ids: np.ndarray, past: int, rows: int, on_prefill: bool) -> np.ndarray:
-        s = input_ids.shape[1]
-        pad = self.prefill_pad_rows if on_prefill else self.pad_rows
-        feeds = {"input_ids": input_ids, "attention_mask": np.ones((1, past + s + pad), dtype=np.int64)}
-        if self.keeps_last:
-            feeds[LOGITS_TO_KEEP] = keep_feed(rows, s)
-        if self.has_position_ids:
-            feeds["position_ids"] = np.arange(past, past + s, dtype=np.int64).reshape(1, s)
-        for name, arr in zip(self.past_names, self.past):
-            # A cropped cache is a strided view; ORT needs C-contiguous input (one copy, only after a crop).
-            feeds[name] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-        out = (self.prefill_session if on_prefill else self.session).run(self.output_names, feeds)
-        self.past = [p[:, :, :past + s] for p in out[1:]] if pad else out[1:]
-        return as_float32(out[0][0])
-
     def run_extra(self, names: Sequence[str]) -> list[np.ndarray]:
         """Run a 1-token forward on a fresh cache just to read constant outputs (e.g. the drafter's
         `index_map`); the runner's cache is left untouched."""
-        feeds = {"input_ids": np.zeros((1, 1), dtype=np.int64),
-                 "attention_mask": np.ones((1, 1 + self.pad_rows), dtype=np.int64)}
-        if self.has_position_ids:
-            feeds["position_ids"] = np.zeros((1, 1), dtype=np.int64)
-        feeds.update(default_feeds(self.session))
-        empty = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=self.kv_dtype)
-        for name in self.past_names:
-            feeds[name] = empty
+        feeds = self.graph.step_feeds(np.zeros((1, 1), dtype=np.int64), 0, 1, self.graph.pad_rows)
+        feeds.update((name, self.graph.empty_past()) for name in self.graph.past_names)
         return self.session.run(list(names), feeds)
+
+    # ------------------------------------------------------------------ the prefill graph
+    def attach_prefill_graph(self, session) -> None:
+        """Run long forwards on `session`, which must take and give what the graph does."""
+        self.prefill.attach(session, self.session)
+        self.kv.attach(session)
+
+    def build_prefill_graph(self) -> float:
+        """Build a deferred prefill graph and check it (kv_prefill.PrefillGraph.build); milliseconds."""
+        return self.prefill.build(self)
+
+    def prefill_graph_for(self, prompt_tokens: int) -> bool:
+        """Whether a prompt of this many tokens is prefilled on the prefill graph, built yet or not."""
+        return self.prefill.takes(prompt_tokens)
+
+    def check_prefill_chunks(self) -> bool:
+        """The prefill graph's chunk verdict (kv_prefill.PrefillGraph.check_chunks); a probe leaves the
+        cache empty."""
+        return self.prefill.check_chunks(self.probe_prefill_chunks)
+
+    def probe_prefill_chunks(self, tokens: int = 16) -> bool:
+        """runtime/probes.prefill_chunks_exact on this runner. Leaves the cache empty."""
+        return prefill_chunks_exact(self, tokens)
 
 
 class DeferredRunner:

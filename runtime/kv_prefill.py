@@ -1,90 +1,98 @@
-"""The prefill graph of kv.ModelRunner (export/prefill_graph.py): the same graph computing in fp32, for
-forwards of PREFILL_GRAPH_TOKENS or more, given when the runner is made or built for the first long
-prompt (`build_prefill_graph`); `prefill_graph_rows` counts the leading positions it computed, which
-prefix reuse may keep (runtime/prefix.py) where it is chunk-invariant on this machine
-(`check_prefill_chunks`).
+"""A runner's prefill graph (export/prefill_graph.py): the same graph computing in fp32, for forwards of
+PREFILL_GRAPH_TOKENS or more, given when the runner is made or built for the first long prompt that
+needs it; `rows` counts the leading cached positions it computed, which prefix reuse may keep
+(runtime/prefix.py) where it is chunk-invariant on this machine (`check_chunks`).
 """
 from __future__ import annotations
 
 import time
 import warnings
+from typing import Callable
 
 from edgespec.errors import BundleError
-from edgespec.runtime.probes import prefill_chunks_exact
+from edgespec.runtime.kv_graph import PAD_ROWS_KEY, graph_io, graph_meta
 
-# export/padded_attention.py: the graph appends this many copies of the last row to attention's queries
-# (and drops them after), so it takes a mask that many positions longer and writes that many extra KV
-# positions, which the runner never counts (the next forward overwrites them).
-PAD_ROWS_KEY = "edgespec.attention_pad_rows"
-
-
-def graph_meta(session) -> dict:
-    """The graph's custom metadata (edgespec's keys)."""
-    return getattr(session.get_modelmeta(), "custom_metadata_map", None) or {}
-
-
-def graph_io(session) -> tuple:
-    """The graph's inputs and outputs, by name and element type."""
-    return ([(i.name, i.type) for i in session.get_inputs()], [(o.name, o.type) for o in session.get_outputs()])
+# Forwards this long or longer run on the prefill graph where there is one. The int4 1.5B, 2-core Xeon,
+# prefill of 64 / 128 / 512 tokens: 0.81 / 1.56 / 6.51 s on the graph, 0.77 / 1.32 / 5.23 s on the
+# prefill graph; a 5-token forward 113 against 310 ms (export/prefill_graph.py).
+PREFILL_GRAPH_TOKENS = 96     # above any verify forward (tests/test_prefill_graph.py checks it)
+# prefill_graph="auto" takes prompts this long: a deferred build (1.1-1.3 s, the int4 1.5B's weights
+# prepacked again) is then about what the prefill graph saves on its first prompt (2.5 ms a token on the
+# 2-core Xeon). One threshold whether built yet or not, so that a prompt's function never depends on
+# what the decoder ran before.
+AUTO_PREFILL_GRAPH_TOKENS = 512
 
 
 class PrefillGraph:
-    """kv.ModelRunner's prefill-graph methods (the runner holds the state: `prefill_session`,
-    `_prefill_factory`, `prefill_from`, `prefill_pad_rows`, `prefill_chunks_exact`, `_remember_chunks`)."""
+    """The prefill graph of one runner: its session (or the factory that builds it, `pending`), the
+    shortest prompt it takes (`from_tokens`, at least PREFILL_GRAPH_TOKENS), the attention pad rows it
+    feeds (`pad_rows`: the runner's graph's until a session is attached), its chunk verdict and the rows
+    it computed. `remember_chunks(probe) -> verdict` probes only where no verdict is known for this
+    machine (runtime/verdicts.py)."""
 
-    def attach_prefill_graph(self, session) -> None:
-        """Run long forwards on `session`, which must take and give what the graph does."""
-        if graph_io(session) != graph_io(self.session):
+    def __init__(self, role: str, pad_rows: int, factory: Callable[[], object] | None = None,
+                 from_tokens: int = PREFILL_GRAPH_TOKENS,
+                 remember_chunks: Callable[[Callable[[], bool]], bool] | None = None):
+        self.role = role
+        self.session = None
+        self.factory = factory
+        self.from_tokens = max(int(from_tokens), PREFILL_GRAPH_TOKENS)
+        self.remember_chunks = remember_chunks
+        self.pad_rows = pad_rows
+        self.chunks_exact = False     # check_chunks (run where the prefill graph is built)
+        self.rows = 0
+
+    @property
+    def pending(self) -> bool:
+        return self.factory is not None
+
+    def takes(self, prompt_tokens: int) -> bool:
+        """Whether a prompt of this many tokens is prefilled on the prefill graph (all of it, also what
+        prefix reuse leaves of it: the same function as a cold prefill), built yet or not."""
+        return (self.session is not None or self.factory is not None) and prompt_tokens >= self.from_tokens
+
+    def attach(self, session, graph_session) -> None:
+        """Take `session`, which must take and give what `graph_session` (the runner's graph) does."""
+        if graph_io(session) != graph_io(graph_session):
             raise BundleError(f"{self.role} prefill graph's inputs and outputs differ from its graph's")
         # made from the padded-attention graph where the bundle has one (export/prefill_graph.py), it may
         # pad attention where the graph the device plan runs does not: each forward feeds its own session's
-        self.prefill_pad_rows = max(0, int(graph_meta(session).get(PAD_ROWS_KEY, 0)))
-        self.prefill_session = session
-        if self._kv is not None:                  # both graphs read and write the same KV buffers
-            self._prefill_binding = self._bind_kv(session)
+        self.pad_rows = max(0, int(graph_meta(session).get(PAD_ROWS_KEY, 0)))
+        self.session = session
+        self.factory = None
 
-    @property
-    def prefill_pending(self) -> bool:
-        return self._prefill_factory is not None
-
-    def build_prefill_graph(self) -> float:
-        """Build a deferred prefill graph's session and check it (which leaves the cache empty);
-        returns the milliseconds it took, 0.0 when none is pending. Where it cannot be built (memory, a
-        damaged file) it says so once and long prompts run on the graph, as they did until then."""
-        if self._prefill_factory is None:
+    def build(self, runner) -> float:
+        """Build a pending session, attach it to `runner` and check it (which leaves the cache empty);
+        the milliseconds it took, 0.0 when none is pending. Where it cannot be built (memory, a damaged
+        file) it says so once and long prompts run on the graph, as they did until then."""
+        if self.factory is None:
             return 0.0
         t0 = time.perf_counter()
-        make, self._prefill_factory = self._prefill_factory, None
+        make, self.factory = self.factory, None
         try:
-            self.attach_prefill_graph(make())
+            runner.attach_prefill_graph(make())
         except Exception as exc:     # noqa: BLE001 - ORT raises its own types; the decoder goes on without it
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             warnings.warn(f"the {self.role} prefill graph could not be built ({first}); long prompts run on the "
-                          "graph", RuntimeWarning, stacklevel=3)
+                          "graph", RuntimeWarning, stacklevel=4)
             return (time.perf_counter() - t0) * 1e3
-        self.check_prefill_chunks()
+        runner.check_prefill_chunks()
         return (time.perf_counter() - t0) * 1e3
 
-    def prefill_graph_for(self, prompt_tokens: int) -> bool:
-        """Whether a prompt of this many tokens is prefilled on the prefill graph (all of it, also
-        what prefix reuse leaves of it: the same function as a cold prefill, runtime/prefix.py), built
-        yet or not."""
-        has = self.prefill_session is not None or self._prefill_factory is not None
-        return has and prompt_tokens >= self.prefill_from
-
-    def check_prefill_chunks(self) -> bool:
-        """`probe_prefill_chunks` (or the verdict `remember_chunks` knows for this machine: runtime/verdicts.py),
-        saying once where the prefill graph is not chunk-invariant (prefix reuse then re-runs long prompts
-        whole). A probe leaves the cache empty."""
-        probe = self.probe_prefill_chunks
-        self.prefill_chunks_exact = self._remember_chunks(probe) if self._remember_chunks else probe()
-        if not self.prefill_chunks_exact:
+    def check_chunks(self, probe: Callable[[], bool]) -> bool:
+        """The chunk verdict: `remember_chunks`'s for this machine, else `probe()`'s; says once where the
+        prefill graph is not chunk-invariant (prefix reuse then re-runs long prompts whole)."""
+        self.chunks_exact = bool(self.remember_chunks(probe) if self.remember_chunks else probe())
+        if not self.chunks_exact:
             warnings.warn("the prefill graph is not chunk-invariant on this machine: prefix reuse re-runs "
-                          "long prompts whole", RuntimeWarning, stacklevel=3)
-        return self.prefill_chunks_exact
+                          "long prompts whole", RuntimeWarning, stacklevel=4)
+        return self.chunks_exact
 
-    def probe_prefill_chunks(self, tokens: int = 16) -> bool:
-        """runtime/probes.prefill_chunks_exact on this runner; sets `prefill_chunks_exact`. Leaves the
-        cache empty."""
-        self.prefill_chunks_exact = prefill_chunks_exact(self, tokens)
-        return self.prefill_chunks_exact
+    def ran(self, start: int, end: int) -> None:
+        """A forward on the prefill graph wrote positions [start, end): they extend `rows` where they follow it."""
+        if start == self.rows:
+            self.rows = end
+
+    def keep(self, n: int) -> None:
+        """The cache was cropped to n positions (0: emptied)."""
+        self.rows = min(self.rows, n)

@@ -1,93 +1,107 @@
-"""The shared KV layout of kv.ModelRunner (builder graphs, GroupQueryAttention): one preallocated buffer
-per `past_key_values.*` input, [1, kv_heads, capacity, head_dim], bound once through IOBinding as both
-the past input and the `present.*` output of every session that runs the graph (the graph's and its
-prefill graph's). Attention reads positions [0, length) and writes the new ones in place: a forward
-moves only input_ids, the attention mask and the logits, and a rollback is a change of `length`. The
-buffers live on the EP's device (CPU memory, or CUDA/DirectML OrtValues on a GPU EP) and the logits
-are bound to host memory, so on a GPU only the logits rows cross the bus. Capacity grows by doubling
-(one copy of the cache per growth); `reserve(n)` sizes it up front so a generation never grows it.
+"""The shared KV layout (builder graphs, GroupQueryAttention): one preallocated buffer per
+`past_key_values.*` input, [1, kv_heads, capacity, head_dim], bound once through IOBinding as both the
+past input and the `present.*` output of every session that runs the graph (the graph's and its prefill
+graph's). Attention reads positions [0, length) and writes the new ones in place: a forward moves only
+input_ids, the attention mask and the logits, and a rollback is a change of `length`. The buffers live
+on the EP's device (CPU memory, or CUDA/DirectML OrtValues on a GPU EP) and the logits are bound to host
+memory, so on a GPU only the logits rows cross the bus. Capacity grows by doubling (one copy of the
+cache per growth); `reserve(n)` sizes it up front so a generation never grows it. One of
+kv.ModelRunner's two layouts; runtime/kv_copy.py is the other, with the same methods.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from edgespec.runtime.kv_graph import LOGITS_TO_KEEP, GraphSignature, as_float32, keep_feed
+
 CAPACITY_STEP = 256
-LOGITS_TO_KEEP = "logits_to_keep"        # the graph input export/last_logits.py adds
-
-
-def keep_feed(rows: int, s: int) -> np.ndarray:
-    """The `logits_to_keep` input for `rows` of an `s`-token forward."""
-    return np.array([0 if rows == s else rows], dtype=np.int64)      # 0: every position
-
-
-def as_float32(logits: np.ndarray) -> np.ndarray:
-    """Logits as float32 (an fp16 graph's, on a GPU EP, are converted on the host)."""
-    return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+KEPT_LOGITS_ROWS = 16      # a logits buffer up to this many rows is kept for the next forward; a prefill's is not
 
 
 class SharedLayout:
-    """kv.ModelRunner's shared-layout methods (the runner holds the state: `_kv`, `_host`, `capacity`,
-    `_mask`, `_binding`, `_prefill_binding`, `_logits`)."""
+    """A KV cache in buffers that attention writes in place, on `device` ("cpu" or an EP's device name),
+    at most `max_position` positions long where that is known."""
+
+    def __init__(self, graph: GraphSignature, session, device: str = "cpu", max_position: int | None = None):
+        self.graph = graph
+        self.device = device
+        self.max_position = max_position
+        self.length = 0
+        self.capacity = 0
+        self.values: list = []          # one OrtValue per past input
+        self.host: list[np.ndarray] = []        # on the CPU: the arrays those OrtValues wrap
+        self.mask = np.ones((1, 0), dtype=np.int64)
+        self.bindings = {session: None}     # session -> its IOBinding of the buffers (made at the first growth)
+        self.logits = np.empty((1, 0, 0), graph.logits_dtype)
+
+    def reset(self) -> None:
+        """Empty the cache; the buffers are kept for re-use."""
+        self.length = 0
+
+    def crop(self, n: int) -> None:
+        self.length = n
 
     def reserve(self, positions: int) -> None:
-        """Make room for `positions` cached positions now (shared layout), so no forward grows the cache."""
-        pad = max(self.pad_rows, self.prefill_pad_rows)
-        if self.shared and positions + pad > self.capacity:
-            self._grow(positions + pad)
+        """Make room for `positions` positions now (pad rows included), so no forward grows the cache."""
+        if positions > self.capacity:
+            self.grow(positions)
 
-    def _grow(self, needed: int) -> None:
+    def attach(self, session) -> None:
+        """Let `session` (the prefill graph) read and write the same buffers."""
+        self.bindings[session] = self.bind(session) if self.values else None
+
+    def arrays(self) -> list[np.ndarray]:
+        """The cached positions, one array per past input (views on the CPU, copies from a device)."""
+        if self.device == "cpu":
+            return [h[:, :, :self.length] for h in self.host]
+        return [v.numpy()[:, :, :self.length] for v in self.values]
+
+    def grow(self, needed: int) -> None:
         import onnxruntime as ort  # lazy: importing the runtime (and `edgespec --help`) needs no onnxruntime
 
         cap = max(needed, 2 * self.capacity, CAPACITY_STEP)
         cap = -(-cap // CAPACITY_STEP) * CAPACITY_STEP
         if self.max_position:
             cap = max(needed, min(cap, self.max_position))
-        shape = (1, self.kv_heads, cap, self.head_dim)
-        old = self._kv
+        shape = (1, self.graph.kv_heads, cap, self.graph.head_dim)
+        host = [np.zeros(shape, dtype=self.graph.kv_dtype) for _ in self.graph.past_names]
+        for h, old in zip(host, self.arrays()):
+            h[:, :, :self.length] = old      # the one copy a growth costs
         if self.device == "cpu":
-            host = [np.zeros(shape, dtype=self.kv_dtype) for _ in self.past_names]
-            if old is not None:
-                for h, o in zip(host, self._host):
-                    h[:, :, :self.length] = o[:, :, :self.length]      # the one copy a growth costs
-            self._host = host
-            self._kv = [ort.OrtValue.ortvalue_from_numpy(h) for h in host]
+            self.host = host
+            self.values = [ort.OrtValue.ortvalue_from_numpy(h) for h in host]
         else:
-            kv = []
-            for i in range(len(self.past_names)):
-                h = np.zeros(shape, dtype=self.kv_dtype)
-                if old is not None:
-                    h[:, :, :self.length] = old[i].numpy()[:, :, :self.length]
-                kv.append(ort.OrtValue.ortvalue_from_numpy(h, self.device, 0))
-            self._kv = kv
-        self._mask = np.ones((1, cap), dtype=np.int64)
-        self._binding = self._bind_kv(self.session)
-        if self.prefill_session is not None:       # both graphs read and write the same KV buffers
-            self._prefill_binding = self._bind_kv(self.prefill_session)
+            self.values = [ort.OrtValue.ortvalue_from_numpy(h, self.device, 0) for h in host]
+        self.mask = np.ones((1, cap), dtype=np.int64)
+        self.bindings = {session: self.bind(session) for session in self.bindings}
         self.capacity = cap
 
-    def _bind_kv(self, session):
+    def bind(self, session):
         io = session.io_binding()
-        for past, present, value in zip(self.past_names, self.present_names, self._kv):
+        for past, present, value in zip(self.graph.past_names, self.graph.present_names, self.values):
             io.bind_ortvalue_input(past, value)
             io.bind_ortvalue_output(present, value)
         return io
 
-    def _run_shared(self, input_ids: np.ndarray, past: int, rows: int, on_prefill: bool) -> np.ndarray:
+    def run(self, session, input_ids: np.ndarray, rows: int, pad_rows: int) -> np.ndarray:
+        """Logits [rows, V] of `input_ids` [1, s] after the cache, on `session` (the graph's or an attached
+        one); the cache grows by s (the pad rows' KV is written beyond it, never counted)."""
         s = input_ids.shape[1]
-        end = past + s + (self.prefill_pad_rows if on_prefill else self.pad_rows)   # the pad rows' KV: never counted
+        end = self.length + s + pad_rows
         if end > self.capacity:
-            self._grow(end)
-        io = self._prefill_binding if on_prefill else self._binding
+            self.grow(end)
+        io = self.bindings[session]
         io.bind_cpu_input("input_ids", input_ids)
-        io.bind_cpu_input("attention_mask", self._mask[:, :end])
-        if self.keeps_last:
+        io.bind_cpu_input("attention_mask", self.mask[:, :end])
+        if self.graph.keeps_last:
             io.bind_cpu_input(LOGITS_TO_KEEP, keep_feed(rows, s))
-        if rows > 16 or self._logits.shape[1] < rows:     # a prefill-sized buffer is not kept (see below)
-            self._logits = np.empty((1, rows, self.vocab), dtype=self.logits_dtype)
-        out = self._logits[:, :rows]
+        if rows > KEPT_LOGITS_ROWS or self.logits.shape[1] < rows:
+            self.logits = np.empty((1, rows, self.graph.vocab), dtype=self.graph.logits_dtype)
+        out = self.logits[:, :rows]
         # host memory: on a GPU EP only the rows asked for cross the bus
-        io.bind_output("logits", "cpu", 0, self.logits_dtype, list(out.shape), out.ctypes.data)
-        (self.prefill_session if on_prefill else self.session).run_with_iobinding(io)
-        if rows > 16:
-            self._logits = np.empty((1, 0, 0), self.logits_dtype)
+        io.bind_output("logits", "cpu", 0, self.graph.logits_dtype, list(out.shape), out.ctypes.data)
+        session.run_with_iobinding(io)
+        if rows > KEPT_LOGITS_ROWS:
+            self.logits = np.empty((1, 0, 0), self.graph.logits_dtype)
+        self.length += s
         return as_float32(out[0])

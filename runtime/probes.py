@@ -16,6 +16,7 @@ Each probe leaves the cache empty and the runner's counters as they were.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 
 import numpy as np
@@ -30,12 +31,12 @@ LAYOUT_TOLERANCE = 0.02
 @contextlib.contextmanager
 def _probing(runner):
     """Run probe forwards on `runner`: the cache is emptied after, the counters restored."""
-    counters = (runner.time_ms, runner.last_ms, runner.forwards, runner.tokens_fed)
+    counts = dataclasses.replace(runner.counts)
     try:
         yield _probe_ids(runner.vocab)
     finally:
         runner.reset()
-        runner.time_ms, runner.last_ms, runner.forwards, runner.tokens_fed = counters
+        runner.counts = counts
 
 
 def prefill_chunks_exact(runner, tokens: int = 16) -> bool:
@@ -66,12 +67,12 @@ def choose_kv_layout(runner, session_ep: str) -> None:
     """Keep the shared layout where it is sound (module docstring), else the copy layout."""
     where = kv_placement(read_placement(runner.session), session_ep, runner.role)
     if where.ep is None:
-        runner.shared = False
+        runner.use_layout(shared=False)
     else:
         runner.device = DEVICE.get(where.ep, "cpu")
         diff = shared_layout_diff(runner)
         if not diff <= LAYOUT_TOLERANCE:
-            runner.shared, runner._kv, runner._binding, runner.capacity = False, None, None, 0
+            runner.use_layout(shared=False)
             where = KVPlacement(None, f"{runner.role}: the shared KV layout gave other logits than the copy layout "
                                       f"on {session_ep} (max |diff| {diff:.3g} of the largest logit); the cache is "
                                       "copied between steps")
@@ -86,13 +87,12 @@ def shared_layout_diff(runner, tokens: int = 4) -> float:
     runs = []
     with _probing(runner) as ids:
         for shared in (True, False):
-            runner.shared = shared
-            runner.reset()
+            runner.use_layout(shared)
             # copies: a forward's logits are valid until the next forward
             runs.append(np.concatenate([runner.forward(ids[:tokens], pad=False).copy(),
                                         runner.forward(ids[tokens:tokens + 1], pad=False).copy(),
                                         runner.forward(ids[tokens + 1:tokens + 3], pad=False).copy()]))
-        runner.shared = True
+        runner.use_layout(shared=True)
     return float(np.max(np.abs(runs[0] - runs[1])) / max(1.0, float(np.max(np.abs(runs[1])))))
 
 

@@ -70,7 +70,8 @@ class SlemTranslator:
         self.drafter_tokenizer = as_tokenizer(self.drafter_tokenizer)
         self._target = ByteEncoder(self.target_tokenizer, self.target_vocab_size)
         self._t_bytes = self._target.text_keys                     # target id -> bytes, None for specials
-        self._d_bytes = token_table(self.drafter_tokenizer, self.drafter_vocab_size).text_keys()
+        # drafter id -> bytes, None for specials
+        self.drafter_bytes = token_table(self.drafter_tokenizer, self.drafter_vocab_size).text_keys()
 
     # ------------------------------------------------------------------ pieces
     def target_bytes(self, tid: int) -> bytes | None:
@@ -81,7 +82,7 @@ class SlemTranslator:
         out = bytearray()
         for d in draft:
             d = int(d)
-            b = self._d_bytes[d] if 0 <= d < len(self._d_bytes) else None
+            b = self.drafter_bytes[d] if 0 <= d < len(self.drafter_bytes) else None
             if b is None:
                 t = int(self.drafter_to_target[d]) if 0 <= d < self.drafter_to_target.shape[0] else -1
                 return bytes(out), (t if t >= 0 else None)
@@ -165,7 +166,7 @@ def prepare(bundle, options) -> SlemState:
     tr = SlemTranslator(bundle.target.tokenizer, bundle.drafter.tokenizer, bundle.drafter_to_target,
                         bundle.target.vocab_size, bundle.drafter.vocab_size,
                         lookbehind=int(options.get("slem_lookbehind", 8)))
-    stops = frozenset(i for i, b in enumerate(tr._d_bytes) if b is None) | frozenset(bundle.drafter.eos_ids)
+    stops = frozenset(i for i, b in enumerate(tr.drafter_bytes) if b is None) | frozenset(bundle.drafter.eos_ids)
     return SlemState(tr, np.asarray(bundle.draft_ids), stops, int(options.get("slem_max_proposal", 3)))
 
 

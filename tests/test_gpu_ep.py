@@ -10,6 +10,7 @@ import pytest
 from edgespec.cli import main
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime.kv import KV_KEY, ModelRunner
+from edgespec.runtime.kv_shared import SharedLayout
 from edgespec.runtime.placement import CPU, RECORD_KEY, PlacedNode, kv_placement, read_placement
 from edgespec.runtime.probes import check_device_session, one_token_steps_exact, shared_layout_diff
 from edgespec.runtime.sessions import create_session
@@ -52,22 +53,27 @@ def test_read_placement_on_the_cpu_ep(tiny_self_bundle):
     assert read_placement(ort.InferenceSession(str(path), providers=[CPU])) is None     # not recorded
 
 
-class _CacheWrittenElsewhere(ModelRunner):
+class _CacheWrittenElsewhere(SharedLayout):
     """The shared layout as it broke on CUDA: what attention writes never reaches the bound buffers."""
 
-    def _run_shared(self, input_ids, past, rows, on_prefill):
-        out = super()._run_shared(input_ids, past, rows, on_prefill)
-        for h in self._host:
+    def run(self, session, input_ids, rows, pad_rows):
+        past = self.length
+        out = super().run(session, input_ids, rows, pad_rows)
+        for h in self.host:
             h[:, :, past:] = 0.5
         return out
 
 
-class _OneRowPath(ModelRunner):
+class _OneRowPath(SharedLayout):
     """A kernel whose one-row path computes other bits (CUDA's GEMV for 1-token steps)."""
 
-    def _run_shared(self, input_ids, past, rows, on_prefill):
-        out = super()._run_shared(input_ids, past, rows, on_prefill)
+    def run(self, session, input_ids, rows, pad_rows):
+        out = super().run(session, input_ids, rows, pad_rows)
         return out + np.float32(1e-3) if input_ids.shape[1] == 1 else out
+
+
+def _with_layout(layout):
+    return type(f"RunnerWith{layout.__name__}", (ModelRunner,), {"shared_layout": layout})
 
 
 def _runner(cls, bundle_path):
@@ -80,7 +86,7 @@ def test_shared_layout_probe_keeps_a_sound_layout_and_drops_a_broken_one(tiny_se
     b, sound = _runner(ModelRunner, tiny_self_bundle)
     assert sound.shared and shared_layout_diff(sound) <= 1e-6
     assert sound.length == 0 and sound.forwards == 0
-    _, broken = _runner(_CacheWrittenElsewhere, tiny_self_bundle)
+    _, broken = _runner(_with_layout(_CacheWrittenElsewhere), tiny_self_bundle)
     assert shared_layout_diff(broken) > 0.05
     with pytest.warns(RuntimeWarning, match="shared KV layout gave other logits .* copied between steps"):
         check_device_session(broken, CPU, exact=False)     # placement unknown here: the probe decides
@@ -98,11 +104,11 @@ def test_one_token_probe_pads_where_one_row_differs(tiny_self_bundle):
         warnings.simplefilter("error")           # 2- and 4-token forwards agree: nothing to say
         check_device_session(plain, CPU, exact=True)
     assert plain.min_tokens == (1 if exact else 2)
-    _, odd = _runner(_OneRowPath, tiny_self_bundle)
+    _, odd = _runner(_with_layout(_OneRowPath), tiny_self_bundle)
     assert not one_token_steps_exact(odd)
     check_device_session(odd, CPU, exact=True)
     assert odd.min_tokens == 2 and odd.length == 0
-    _, drafter = _runner(_OneRowPath, tiny_self_bundle)
+    _, drafter = _runner(_with_layout(_OneRowPath), tiny_self_bundle)
     check_device_session(drafter, CPU, exact=False)          # a drafter's steps need not be exact
     assert drafter.min_tokens == 1
 

@@ -23,7 +23,7 @@ def test_crop_and_continue_equals_fresh_run(tiny_same_bundle, side):
     r.forward(ids[:10])
     r.forward(ids[10:16])                  # e.g. 6 drafted tokens...
     r.crop(12)                             # ...of which 2 were accepted
-    assert r.length == 12 and (r.shared or all(p.shape[2] == 12 for p in r.past))
+    assert r.length == 12 and all(p.shape[2] == 12 for p in r.cached_kv())
     got = r.forward(ids[12:18]).copy()
     r.reset()
     fresh_full = r.forward(ids[:18]).copy()

@@ -93,8 +93,7 @@ def test_long_forwards_run_on_the_prefill_graph_and_short_ones_do_not(int4_bundl
     assert np.array_equal(long_both, long_twin) and not np.array_equal(long_both, long_main)
     # the long forward wrote the KV the main graph then reads: a 3-token step after it equals the step
     # of a copy-layout runner, whose KV travels as inputs (so it cannot read other buffers)
-    kv_of = (lambda r: [h[:, :, :r.length] for h in r._host]) if kv == "auto" else (lambda r: r.past)
-    assert all(np.array_equal(a, t) for a, t in zip(kv_of(both), kv_of(twin)))
+    assert all(np.array_equal(a, t) for a, t in zip(both.cached_kv(), twin.cached_kv()))
     copy = ModelRunner(create_session(b.target.onnx, "cpu", threads=1)[0], "target", kv="copy",
                        prefill_session=create_session(b.target.prefill_onnx, "cpu", threads=1)[0])
     copy.forward(ids, last=1)
@@ -158,7 +157,7 @@ def test_sampling_with_the_prefill_graph_keeps_the_target_distribution(int4_bund
 
 
 def _prompt_kv(dec, n):
-    return [h[:, :, :n].copy() for h in dec.target._host]
+    return [h[:, :, :n].copy() for h in dec.target.cached_kv()]
 
 
 @pytest.mark.parametrize("kv_chunks", [(0.5, 40), (0.9, 3)])
@@ -199,7 +198,6 @@ def test_where_the_prefill_graph_is_not_chunk_invariant_long_prompts_are_not_reu
     assert not SpeculativeDecoder(b, strategy="ar", threads=1, prefill_graph=False).target.prefill_chunks_exact
 
     def differs(self, tokens=16):
-        self.prefill_chunks_exact = False
         return False
     monkeypatch.setattr(ModelRunner, "probe_prefill_chunks", differs)
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "other"))   # nor the verdict of the decoder above
