@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +41,19 @@ _BASE = 0x100000001B3       # FNV-1a's 64-bit prime: the rolling hash's base
 _ORDER_SALT = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB     # splitmix64's finaliser
 _POSITION_BYTES = 4 + 8     # a ring position: its token (int32) and its document (int64)
+MAX_STORE_DRAFT = 32        # the widest verify a store draft asks for (the cost model picks within it)
+PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.8, 8.0    # store drafts' acceptance before any (pseudo-positions)
+STORE_DECAY = 0.98          # weight of the past per store round in its acceptance counts
+COST_SAMPLES = 16           # verify forwards kept per width for the live cost curve
+
+
+class Match(NamedTuple):
+    """A suffix of the context found in the store: the continuation starts at ring position `pos` of
+    document `doc` (which ends at `end`); `m` tokens before it match the context's last m."""
+    pos: int
+    end: int
+    doc: int
+    m: int
 
 
 def check_store_mb(value) -> float:
@@ -125,6 +139,10 @@ class AnswerStore:
         self.head = 0           # global position of the next token (positions never wrap; the ring does)
         self.next_doc = 1
         self.evicted = 0        # documents evicted so far
+        self.reached = self.kept = 0.0      # store drafts' positions reached and kept (decayed: `book`)
+        self.width_ms: dict[int, deque] = {}    # verify forwards' ms by width (`observe`)
+        self._line = None
+        self.verify_cost_ms: list[float] | None = None   # the device profile's k-token costs (decoder's hook)
 
     @property
     def enabled(self) -> bool:
@@ -176,12 +194,11 @@ class AnswerStore:
         self.head = start + size
 
     # ------------------------------------------------------------------ lookup
-    def lookup(self, tail: list[int], limit: int, scope: str | None = None) -> tuple[list[int], int]:
-        """(the up-to-`limit` tokens that followed the latest recorded occurrence of the longest suffix of
-        `tail` (an n in ORDERS, then extended backwards: the match length m), at most m of them; m), or
-        ([], 0). `tail`: the context's last tokens (MAX_MATCH of them suffice)."""
-        if limit <= 0 or not self.docs:
-            return [], 0
+    def find(self, tail: list[int], scope: str | None = None) -> Match | None:
+        """The latest recorded occurrence of the longest suffix of `tail` (an n in ORDERS, then extended
+        backwards up to MAX_MATCH tokens), in `scope`, followed by at least one token; None when none."""
+        if not self.docs:
+            return None
         key = scope_key(scope)
         hashes = suffix_hashes(tail, key)
         cap, toks = self.capacity, self.tokens
@@ -191,7 +208,8 @@ class AnswerStore:
             p = int(self.table[hashes[n] & (self.slots - 1)]) - 1      # the continuation's start
             if p < 0:
                 continue
-            doc = self.docs.get(int(self.doc_of[(p - 1) % cap]))
+            doc_id = int(self.doc_of[(p - 1) % cap])
+            doc = self.docs.get(doc_id)
             if doc is None or doc[2] != key or p - n < doc[0] or p >= doc[1]:
                 continue                    # evicted, another scope's, or a collision across documents
             if toks[np.arange(p - n, p) % cap].tolist() != tail[-n:]:
@@ -199,6 +217,75 @@ class AnswerStore:
             m = n
             while m < MAX_MATCH and m < len(tail) and p - m - 1 >= doc[0] and toks[(p - m - 1) % cap] == tail[-m - 1]:
                 m += 1
-            end = min(p + limit, p + m, doc[1])
-            return toks[np.arange(p, end) % cap].tolist(), m
-        return [], 0
+            return Match(p, doc[1], doc_id, m)
+        return None
+
+    def follow(self, match: Match, new: list[int]) -> Match | None:
+        """`match` moved past `new` (the tokens the context gained since it was found) where the document
+        goes on with exactly those tokens and is still held: the same occurrence, its match longer by
+        len(new), with no hash lookup; else None."""
+        end = match.pos + len(new)
+        if match.doc not in self.docs or end >= match.end or \
+                self.tokens[np.arange(match.pos, end) % self.capacity].tolist() != list(new):
+            return None
+        return Match(end, match.end, match.doc, match.m + len(new))
+
+    def continuation(self, match: Match, limit: int) -> list[int]:
+        """Up to `limit` tokens of the match's document from its position on."""
+        end = min(match.pos + max(limit, 0), match.end)
+        return self.tokens[np.arange(match.pos, end) % self.capacity].tolist()
+
+    def lookup(self, tail: list[int], limit: int, scope: str | None = None) -> tuple[list[int], int]:
+        """(the up-to-`limit` tokens that followed the latest recorded occurrence of the longest suffix of
+        `tail` (`find`: the match length m), at most m of them; m), or ([], 0). `tail`: the context's
+        last tokens (MAX_MATCH of them suffice)."""
+        match = self.find(tail, scope) if limit > 0 else None
+        if match is None:
+            return [], 0
+        return self.continuation(match, min(limit, match.m)), match.m
+
+    # ------------------------------------------------------------------ how long a draft pays
+    def book(self, drafted: int, kept: int) -> None:
+        """One round of store drafts: positions 1..min(drafted, kept + 1) reached, `kept` of them kept."""
+        self.reached = STORE_DECAY * self.reached + min(drafted, kept + 1)
+        self.kept = STORE_DECAY * self.kept + kept
+
+    def acceptance(self) -> float:
+        """Per-position acceptance of store drafts (decayed counts, shrunk toward PRIOR_ACCEPTANCE)."""
+        return (self.kept + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (self.reached + PRIOR_WEIGHT)
+
+    def observe(self, width: int, ms: float) -> None:
+        """A verify forward of `width` tokens took `ms` on this machine (the live cost curve)."""
+        self.width_ms.setdefault(width, deque(maxlen=COST_SAMPLES)).append(ms)
+        self._line = None
+
+    def costs(self, widths: int) -> np.ndarray | None:
+        """c(k) for k = 1..widths: the device profile's k-token forward costs (`verify_cost_ms`, set by
+        the decoder) where given, else a weighted line through the medians of the verify forwards seen
+        (two widths at least), extended linearly past the widths known; None before either."""
+        k = np.arange(1, widths + 1)
+        if self.verify_cost_ms:
+            c = np.asarray(self.verify_cost_ms, dtype=np.float64)
+            tail = c[len(c) // 2:]
+            slope = (tail[-1] - tail[0]) / max(len(tail) - 1, 1)
+            return np.where(k <= len(c), c[np.minimum(k, len(c)) - 1], c[-1] + slope * (k - len(c)))
+        if self._line is None:
+            ws = [w for w, v in self.width_ms.items() if v]
+            if len(ws) < 2:
+                return None
+            med = [float(np.median(self.width_ms[w])) for w in ws]
+            slope, icpt = np.polyfit(ws, med, 1, w=[math.sqrt(len(self.width_ms[w])) for w in ws])
+            self._line = (max(slope, 0.0), icpt)
+        slope, icpt = self._line
+        return np.maximum(icpt + slope * k, 1e-3)
+
+    def draft_length(self, cap: int) -> int | None:
+        """The draft length in 1..cap with the most expected tokens per ms: (1 + sum_{j<=L} a^j) / c(L+1)
+        (a: `acceptance`, c: `costs`); None where no cost curve is known yet."""
+        if cap <= 1:
+            return max(cap, 0)
+        c = self.costs(cap + 1)
+        if c is None:
+            return None
+        expected = 1.0 + np.cumsum(self.acceptance() ** np.arange(1, cap + 1))
+        return 1 + int(np.argmax(expected / c[1:]))

@@ -14,8 +14,8 @@ from distribution import ALPHA, check_lossless, sample_tokens, verify_without_re
 from edgespec.errors import GenerationError
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime import rounds as rounds_module
-from edgespec.runtime.answer_store import (MIN_STORE_BYTES, ORDERS, PROMPT_TAIL, AnswerStore, check_store_mb,
-                                           ngram_hashes, scope_key, suffix_hashes)
+from edgespec.runtime.answer_store import (MAX_STORE_DRAFT, MIN_STORE_BYTES, ORDERS, PROMPT_TAIL, AnswerStore,
+                                           check_store_mb, ngram_hashes, scope_key, suffix_hashes)
 from edgespec.runtime.sampling import SamplingParams
 
 PROMPT = "Once upon a time"          # the tiny models' answers to it repeat little of it
@@ -96,6 +96,44 @@ def test_an_answer_longer_than_the_store_keeps_its_end():
     assert len(store) == 1 and store.lookup(long[-40:-10], 4)[0] == long[-10:-6]
 
 
+def test_a_match_is_followed_across_rounds_while_the_text_goes_on():
+    rng = np.random.default_rng(5)
+    store = AnswerStore(1 << 20)
+    answer = _doc(rng, 80)
+    store.record([], answer)
+    match = store.find(answer[:20])
+    assert (match.m, store.continuation(match, 5)) == (20, answer[20:25])
+    on = store.follow(match, answer[20:27])          # the output went on as the answer did: no new lookup
+    assert (on.m, store.continuation(on, 5)) == (27, answer[27:32])
+    assert store.follow(match, answer[20:26] + [answer[26] + 1]) is None       # it diverged
+    assert store.follow(on, answer[27:]) is None                               # nothing left after it
+    store.clear()
+    assert store.follow(match, answer[20:21]) is None                          # the answer is gone
+
+
+def test_the_draft_length_follows_the_cost_model():
+    store = AnswerStore(1 << 20)
+    assert store.draft_length(16) is None            # no cost curve yet: the caller keeps to its gamma
+    for width, ms in ((1, 40.0), (2, 44.0), (3, 48.0)):     # wide verifies cost little: long drafts pay
+        store.observe(width, ms)
+    for _ in range(50):
+        store.book(10, 10)                             # and store drafts are all kept
+    assert store.acceptance() > 0.95 and store.draft_length(16) == 16 and store.draft_length(1) == 1
+    steep = AnswerStore(1 << 20)
+    steep.verify_cost_ms = [40.0, 80.0, 120.0]         # the device profile's curve: each token costs a step
+    for _ in range(50):
+        steep.book(4, 1)                               # half the positions reached are rejected
+    assert steep.acceptance() < 0.6 and steep.draft_length(16) == 1
+    assert list(steep.costs(5)) == [40.0, 80.0, 120.0, 160.0, 200.0]     # extended past its widths
+    middle = AnswerStore(1 << 20)
+    middle.verify_cost_ms = [34.4, 44.5, 56.6, 66.9, 80.2, 93.0, 108.9, 119.9, 134.7]   # docs/results.md
+    lengths = [middle.draft_length(MAX_STORE_DRAFT)]
+    for _ in range(100):
+        middle.book(10, 10)
+        lengths.append(middle.draft_length(MAX_STORE_DRAFT))
+    assert lengths[0] < lengths[-1] <= MAX_STORE_DRAFT and lengths == sorted(lengths)   # more kept: longer
+
+
 @pytest.mark.parametrize("bad", [-1, 0.01, 1e9, "32", True, float("nan"), None])
 def test_a_bad_store_size_is_one_line(bad):
     with pytest.raises(GenerationError, match="answer_store_mb must be 0") as e:
@@ -136,6 +174,16 @@ def test_a_second_identical_request_drafts_from_the_store(self_bundle):
     assert second.stats.accepted > first.stats.accepted
     assert second.stats.verify_forwards < first.stats.verify_forwards / 2
     assert dec.variant("ngram").generate(PROMPT, max_new_tokens=40).stats.store_accepted >= 30   # variants share it
+
+
+def test_a_store_draft_is_sized_by_its_match_not_the_draft_length(self_bundle):
+    dec = SpeculativeDecoder(self_bundle, strategy="ngram", draft_length=2, threads=1)
+    ar = dec.variant("ar").generate(PROMPT, max_new_tokens=48, draft_scope="ar").token_ids
+    first = dec.generate(PROMPT, max_new_tokens=48)
+    second = dec.generate(PROMPT, max_new_tokens=48)
+    assert first.token_ids == second.token_ids == ar
+    assert max(first.stats.drafted_per_step) <= 2 < max(second.stats.drafted_per_step)
+    assert second.stats.store_accepted >= 30 and second.stats.verify_forwards < first.stats.verify_forwards / 2
 
 
 def test_another_scope_and_a_store_turned_off_draft_nothing_from_it(self_bundle):
