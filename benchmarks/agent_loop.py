@@ -1,10 +1,13 @@
 """A tool-using coding agent through `edgespec serve`, end to end: the default server against `--strategy ar`
 (issue 48's agent-loop target: wall time <= 0.6x, every answer identical).
 
-The agent is written with the `openai` client and its defaults (no parallel_tool_calls, no tool_choice,
-temperature 0, non-streamed), over benchmarks/agent_tasks.py's in-memory projects (list_files, read_file,
-write_file, replace_in_file, run_tests, which really runs the project's tests). Each task is a loop: ask,
-run every tool call, feed the results back, until the answer is text or --max-steps model steps.
+The agent is written with the `openai` client and its defaults (no parallel_tool_calls, temperature 0,
+non-streamed), over benchmarks/agent_tasks.py's in-memory projects (list_files, read_file, write_file,
+replace_in_file, run_tests, which really runs the project's tests). Each task is a loop: ask, run every
+tool call, feed the results back, until the agent calls `finish` or --max-steps model steps. Every request
+says tool_choice "required" (as smolagents' tool-calling agent does, with its final_answer tool): under
+"auto" (`--tool-choice auto`, the loop then ends at a text answer) Qwen2.5-Coder-1.5B answered in text
+after one or two steps, with the edited code in its answer instead of a write_file call (2026-11-27).
 
 Two servers on the same bundle, each `edgespec serve --bundle B --port 0 --threads N` in a subprocess: one
 at the default `--strategy auto`, one at `--strategy ar`. After one short untimed request to each, every
@@ -18,7 +21,7 @@ every step's `edgespec` stats (prefill, prefix reuse, drafts kept) of both serve
 status 1 if any answer differs (greedy speculation is lossless) or a loop hits --max-steps.
 
     python benchmarks/agent_loop.py --bundle B [--split calib|test|all] [--threads 2] [--max-steps 12]
-        [--max-tokens 1024] [--tasks ID,...] [--first-tool-choice required] [--json OUT]
+        [--max-tokens 1024] [--tasks ID,...] [--tool-choice required|auto] [--json OUT]
         [--default-arg=--no-cross-request ...]
 
 Tune on `--split calib` only; report `--split test` (docs/results.md). Timings are comparable only within
@@ -39,7 +42,7 @@ from pathlib import Path
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agent_tasks import SYSTEM, TOOLS, Task, call_tool, tasks  # noqa: E402
+from agent_tasks import FINISH, FINISH_SYSTEM, SYSTEM, TOOLS, Task, call_tool, tasks  # noqa: E402
 
 MODEL = "agent"
 STEP_STATS = ("prefill_ms", "reused_tokens", "verify_forwards", "drafted", "accepted", "store_drafted",
@@ -87,17 +90,23 @@ class Server:
 
 
 def run_loop(client: openai.OpenAI, task: Task, max_steps: int = 12, max_tokens: int = 1024,
-             first_tool_choice: str | None = None) -> dict:
+             first_tool_choice: str | None = None, tool_choice: str = "required") -> dict:
     """One task's agent loop on one server: {"steps": [...], "wall_s", "finished", "files"}. Each step
-    records what must be identical across servers (content, calls, finish) and the server's stats."""
+    records what must be identical across servers (content, calls, finish) and the server's stats.
+    tool_choice "required": every request must call a tool, and the loop ends at `finish`; "auto": none
+    is sent (the model decides) but on the first request `first_tool_choice`, and the loop ends at a
+    text answer."""
     files = dict(task.files)
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.prompt}]
+    required = tool_choice == "required"
+    messages = [{"role": "system", "content": FINISH_SYSTEM if required else SYSTEM},
+                {"role": "user", "content": task.prompt}]
     steps, finished = [], False
     t0 = time.perf_counter()
     for i in range(max_steps):
-        kw = dict(model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=max_tokens)
-        if i == 0 and first_tool_choice is not None:
-            kw["tool_choice"] = first_tool_choice
+        kw = dict(model=MODEL, messages=messages, tools=TOOLS + [FINISH] if required else TOOLS, temperature=0,
+                  max_tokens=max_tokens)
+        if required or (i == 0 and first_tool_choice is not None):
+            kw["tool_choice"] = "required" if required else first_tool_choice
         t = time.perf_counter()
         resp = client.chat.completions.create(**kw)
         choice = resp.choices[0]
@@ -109,8 +118,8 @@ def run_loop(client: openai.OpenAI, task: Task, max_steps: int = 12, max_tokens:
                       "completion_tokens": resp.usage.completion_tokens,
                       **{k: ext.get(k) for k in ("strategy", "ttft_ms", "total_ms", *STEP_STATS)}})
         messages.append(msg.model_dump(exclude_none=True, exclude={"refusal", "annotations", "audio"}))
-        if not msg.tool_calls:
-            finished = True
+        if not msg.tool_calls or any(c.function.name == "finish" for c in msg.tool_calls):
+            finished = not required or bool(msg.tool_calls)
             break
         for c in msg.tool_calls:
             messages.append({"role": "tool", "tool_call_id": c.id,
@@ -133,7 +142,7 @@ def first_difference(a: dict, b: dict) -> str | None:
 
 
 def compare(servers: dict[str, Server], todo: list[Task], max_steps: int, max_tokens: int,
-            first_tool_choice: str | None = None, log=print, on_row=None) -> list[dict]:
+            first_tool_choice: str | None = None, log=print, on_row=None, tool_choice: str = "required") -> list[dict]:
     """Every task on both servers (named "default" and "ar"), one at a time, the order alternating."""
     clients = {name: srv.client() for name, srv in servers.items()}
     for client in clients.values():            # warm-up, untimed
@@ -142,7 +151,8 @@ def compare(servers: dict[str, Server], todo: list[Task], max_steps: int, max_to
     rows = []
     for n, task in enumerate(todo):
         order = ("default", "ar") if n % 2 == 0 else ("ar", "default")
-        runs = {name: run_loop(clients[name], task, max_steps, max_tokens, first_tool_choice) for name in order}
+        runs = {name: run_loop(clients[name], task, max_steps, max_tokens, first_tool_choice, tool_choice)
+                for name in order}
         d, a = runs["default"], runs["ar"]
         row = {"task": task.id, "first": order[0], "steps": len(d["steps"]), "default_s": d["wall_s"],
                "ar_s": a["wall_s"], "ratio": d["wall_s"] / a["wall_s"],
@@ -186,8 +196,11 @@ def main(argv=None) -> int:
     ap.add_argument("--default-arg", action="append", default=[], metavar="ARG",
                     help="an extra flag for the default server, repeatable (e.g. --default-arg=--no-cross-request)")
     ap.add_argument("--json", type=Path, default=None, help="write every step of both servers here (after each task)")
+    ap.add_argument("--tool-choice", default="required", choices=("required", "auto"),
+                    help="required (default): every request must call a tool, a `finish` tool ends the loop; auto: "
+                         "no tool_choice sent, a text answer ends the loop")
     ap.add_argument("--first-tool-choice", default=None, choices=("required",),
-                    help="tool_choice of each loop's first request (default: none sent, the model decides)")
+                    help="with --tool-choice auto: tool_choice of each loop's first request (default: none sent)")
     args = ap.parse_args(argv)
     if not (args.bundle / "manifest.json").is_file():
         ap.error(f"--bundle {args.bundle}: not a bundle directory (no manifest.json)")
@@ -211,7 +224,8 @@ def main(argv=None) -> int:
         servers["ar"] = Server(args.bundle, *common, "--strategy", "ar")
         print(f"# {len(todo)} task(s), split {args.split}, threads {args.threads}, bundle {args.bundle}")
         print(f"{'task':<22} {'steps':>5} {'default_s':>9} {'ar_s':>9} {'ratio':>6} {'tokens':>7} {'identical':>9}")
-        rows = compare(servers, todo, args.max_steps, args.max_tokens, args.first_tool_choice, on_row=save)
+        rows = compare(servers, todo, args.max_steps, args.max_tokens, args.first_tool_choice, on_row=save,
+                       tool_choice=args.tool_choice)
     finally:
         for srv in servers.values():
             srv.stop()

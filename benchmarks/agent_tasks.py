@@ -21,6 +21,11 @@ SYSTEM = ("You are a coding agent working in a small Python project, which you c
           "each file you change in full (write_file) or edit it (replace_in_file), then run the tests (run_tests). "
           "Never claim a change you have not made with a tool. When the tests pass, reply with a short summary of "
           "what you changed.")
+FINISH_SYSTEM = SYSTEM.replace("reply with a short summary of what you changed", "call finish with a short summary "
+                               "of what you changed")
+FINISH = {"type": "function", "function": {"name": "finish", "description": "End the task with a short summary of "
+          "what you changed.", "parameters": {"type": "object", "properties": {"summary": {"type": "string"}},
+                                              "required": ["summary"]}}}
 
 TOOLS = [
     {"type": "function", "function": {"name": "list_files", "description": "List the project's files with their "

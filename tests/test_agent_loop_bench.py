@@ -53,7 +53,7 @@ def test_one_task_on_both_servers(request, tmp_path_factory):
         servers["default"] = agent_loop.Server(path, *args)
         servers["ar"] = agent_loop.Server(path, *args, "--strategy", "ar")
         [row] = agent_loop.compare(servers, [TASK], max_steps=4, max_tokens=48, first_tool_choice="required",
-                                   log=lambda *a: None)
+                                   log=lambda *a: None, tool_choice="auto")
     finally:
         for srv in servers.values():
             assert srv.stop() == 0, "".join(srv.lines)
