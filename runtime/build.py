@@ -53,10 +53,11 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
     later = (lambda: create_session(**prefill_request)[0]) if prefill_request and not prefill_now else None
     verdict = None if prefill_request is None else partial(remembered, bundle.target.prefill_onnx,
                                                            "prefill_chunks_exact", threads)
+    # the plan's step width (its profile measured it here); on another EP the graph's declared width unless
+    # the plan pads, and the runner's own probe may pad too (runtime/probes.py)
+    width = plan.step_tokens if is_cpu_only(ep) or plan.step_tokens >= 2 else None
     target = ModelRunner(target_session, "target", bundle.target.max_position, prefill_session=prefill,
-                         prefill_factory=later, prefill_from=prefill_from, remember_chunks=verdict)
-    # the plan's step width; on another EP the runner's own probe may have padded (runtime/probes.py)
-    target.min_tokens = plan.step_tokens if is_cpu_only(ep) else max(target.min_tokens, plan.step_tokens)
+                         prefill_factory=later, prefill_from=prefill_from, remember_chunks=verdict, min_tokens=width)
     check_runner(bundle, target, bundle.target.info, bundle.target.vocab_size, "target")
     if prefill is not None:
         target.check_prefill_chunks()

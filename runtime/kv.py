@@ -98,7 +98,7 @@ class ModelRunner:
         self.device = DEVICE.get(session_ep, "cpu")     # where shared KV buffers live
         self.use_layout(kv == "auto" and self.graph.declares_shared)      # sets self.kv
         if session_ep != CPU:      # what this EP's kernels do, measured (runtime/probes.py)
-            check_device_session(self, session_ep, exact)
+            self.min_tokens = check_device_session(self, session_ep, exact)
         if prefill_session is not None:
             self.attach_prefill_graph(prefill_session)
 

@@ -56,11 +56,14 @@ def _probe_ids(vocab: int, n: int = 8) -> list[int]:
     return (np.arange(n) * 7919 % max(1, vocab - 1) + 1).tolist()
 
 
-def check_device_session(runner, session_ep: str, exact: bool) -> None:
+def check_device_session(runner, session_ep: str, exact: bool) -> int:
+    """At load on a non-CPU EP: the KV layout that is sound there (choose_kv_layout), and the forward
+    width the runner needs: 2 where 1-token steps compute other bits than wider ones, else its own."""
     if runner.shared:
         choose_kv_layout(runner, session_ep)
     if exact and runner.min_tokens < 2 and not one_token_steps_exact(runner):
-        runner.min_tokens = 2
+        return 2
+    return runner.min_tokens
 
 
 def choose_kv_layout(runner, session_ep: str) -> None:
