@@ -103,9 +103,12 @@ def run(bundle, split: str = "test", max_new_tokens: int = 160, threads: int | N
             max(decode_rate(base.stats)[0] / max(decode_rate(base.stats)[1], 1e-9), 1e-9)
         st = mine.stats
         rows.append(dict(id=rid, turn=turn, ratio=ratio, strategy=st.strategy, tokens=st.new_tokens,
-                         store_drafted=st.store_drafted, store_accepted=st.store_accepted, equal=same))
-        print(f"{rid:28s} request {turn}  {ratio:5.2f}x ar-fast  ({st.strategy}, {st.new_tokens} tokens, store "
-              f"{st.store_accepted}/{st.store_drafted} kept){'' if same else '  OUTPUT DIFFERS'}", file=out, flush=True)
+                         store_drafted=st.store_drafted, store_accepted=st.store_accepted, equal=same,
+                         forwards=st.verify_forwards, widest=max(map(int, st.verify_ms_by_k), default=0)))
+        print(f"{rid:28s} request {turn}  {ratio:5.2f}x ar-fast  ({st.strategy}, {st.new_tokens} tokens, "
+              f"{st.verify_forwards} target forwards (ar-fast {base.stats.verify_forwards}), widest "
+              f"{rows[-1]['widest']}, store {st.store_accepted}/{st.store_drafted} kept)"
+              f"{'' if same else '  OUTPUT DIFFERS'}", file=out, flush=True)
     pooled = {}
     for turn, word in ((1, "first"), (2, "second")):
         (n, ms), (bn, bms) = totals[(turn, "default")], totals[(turn, "ar-fast")]

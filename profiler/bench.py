@@ -1,19 +1,19 @@
 """`edgespec bench`: measured speedup and MBSU per (strategy, draft length) on one execution provider.
 
 Procedure (torch-free):
-1. check every setting (strategies, options, draft lengths, sampling arguments), load and filter the
-   prompts (`edgespec.calibrate.prompts`: HumanEval or Spec-Bench-style jsonl; the deterministic
-   calib/test split applies to humaneval by default, a user's file is used whole), and check that the
-   report directory is writable;
+1. check every setting (strategies, options, draft lengths, sampling arguments), load and filter the prompts
+   (`edgespec.calibrate.prompts`: HumanEval or Spec-Bench-style jsonl; the deterministic calib/test split
+   applies to humaneval by default, a user's file is used whole), and check the report directory is writable;
 2. load the bundle, check each strategy against it, then create ONE target session and ONE drafter session
    for the rows that draft with a model, and ONE target session, spinning as a target-only decoder's does,
    for the rows that do not (ar, ngram); every configuration (each strategy x draft length, "auto"
-   included) is a decoder sharing its family's sessions (`decoder_family`), so memory does not grow with
-   the number of configurations;
+   included) is a decoder sharing its family's sessions (`decoder_family`): memory does not grow with them;
 3. a NumPy stream-read test gives this machine's read bandwidth;
 4. warm-up: one short generation per configuration (not recorded);
 5. measure: for each repeat, for each prompt, every configuration in turn (ar first), so machine drift
-   hits them alike; each generation's stats become a record; tqdm shows progress and the ETA;
+   hits them alike; each generation's stats become a record; tqdm shows progress and the ETA; (a) the
+   answer store is on (`--option answer_store_mb=0`: off), one draft_scope per row and repeat, so a row
+   drafts only from its answers to OTHER prompts earlier in the run (a server that answered other chats);
 6. summarise (aggregate.py) and write report.json, report.md and the plots (report.py).
 Each generation is also appended to REPORT/records.jsonl as it is measured (journal.py), so a run that is
 killed loses nothing and `--resume` continues it. Ctrl-C during step 5 stops measuring; what was measured
@@ -57,7 +57,7 @@ RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "tt
                 "draft_prefill_ms", "draft_prefill_tokens", "draft_refills", "reused_tokens", "draft_ms",
                 "verify_ms", "overhead_ms", "sampler_ms", "target_forwards", "verify_forwards", "draft_forwards", "drafted",
                 "accepted", "guesses", "guesses_accepted", "drafter_resyncs", "drafter_fallback_steps", "fallback_ms", "stop_reason", "providers",
-                "fallbacks")
+                "fallbacks", "store_drafted", "store_accepted")
 STEP_LISTS = ("accepted_per_step", "drafted_per_step", "gamma_per_step")     # kept for drafting rows only
 WARMUP_TOKENS = 8
 
@@ -214,7 +214,7 @@ def decoder_family(bundle, configs: list[tuple], s: BenchSettings) -> dict:
                                   prefill_graph=s.prefill_graph,
                                   options=dict(draft_ep=s.draft_ep, draft_threads=s.draft_threads,
                                                max_draft_length=s.max_draft_length, prefix_reuse=False,
-                                               answer_store_mb=0, defer_drafter=False, **options))
+                                               defer_drafter=False, **options))
         for key in family:                    # a row without draft_confidence has none
             out[key] = base if key == first else \
                 base.variant(rows[key[0]][0], _decoder_length(key[1]), **{"draft_confidence": None, **rows[key[0]][1]})
@@ -239,9 +239,9 @@ def encode_prompts(dec, prompts: list, s: BenchSettings) -> tuple[list, list]:
     return kept, skipped
 
 
-def _generate(dec, ids, s: BenchSettings, max_new: int, seed: int | None):
+def _generate(dec, ids, s: BenchSettings, max_new: int, seed: int | None, scope: str | None = None):
     return dec.generate(ids, max_new_tokens=max_new, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                        seed=seed)
+                        seed=seed, draft_scope=scope)
 
 
 def record(res, repeat: int, prompt, key: tuple, rss_mb: float) -> dict:
@@ -277,7 +277,7 @@ def measure(decoders: dict, encoded: list, s: BenchSettings, hook: Callable[[dic
             seed = None if s.temperature == 0 else s.seed + 100_003 * rep + i
             bar.set_postfix_str(f"rep {rep + 1} {prompt.id} {key[0]} g={gamma_label(key[1])}", refresh=False)
             reset_peak_rss()
-            res = _generate(decoders[key], ids, s, s.max_new_tokens, seed)
+            res = _generate(decoders[key], ids, s, s.max_new_tokens, seed, f"{key[0]}/{key[1]}/{rep}")  # (a)
             records.append(record(res, rep, prompt, key, peak_rss_mb()))
             wait_for_profile(decoders[key])            # a stale device profile measured again: not beside a row
             bar.update(1)
