@@ -88,6 +88,7 @@ print("=" * 20 + f" {summary} " + "=" * 20)
 def run_tests(files: dict[str, str], timeout: float = 60.0) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in files.items():
+            (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
             (Path(tmp) / name).write_text(text)
         try:
             out = subprocess.run([sys.executable, "-I", "-c", RUNNER],
@@ -116,6 +117,9 @@ def call_tool(files: dict[str, str], name: str, arguments: str) -> str:
     if name == "write_file":
         if not isinstance(path, str) or not path or not isinstance(args.get("content"), str):
             return "error: write_file needs a path and a content string"
+        parts = Path(path).parts
+        if Path(path).is_absolute() or ".." in parts or not parts or path.endswith("/"):
+            return f"error: {path!r} is not a file path inside the project"
         files[path] = args["content"] if args["content"].endswith("\n") else args["content"] + "\n"
         return f"wrote {path} ({len(files[path].splitlines())} lines)"
     if name == "replace_in_file":
