@@ -142,7 +142,6 @@ class AnswerStore:
         self.reached = self.kept = 0.0      # store drafts' positions reached and kept (decayed: `book`)
         self.width_ms: dict[int, deque] = {}    # verify forwards' ms by width (`observe`)
         self._line = None
-        self.verify_cost_ms: list[float] | None = None   # the device profile's k-token costs (decoder's hook)
 
     @property
     def enabled(self) -> bool:
@@ -259,13 +258,14 @@ class AnswerStore:
         self.width_ms.setdefault(width, deque(maxlen=COST_SAMPLES)).append(ms)
         self._line = None
 
-    def costs(self, widths: int) -> np.ndarray | None:
-        """c(k) for k = 1..widths: the device profile's k-token forward costs (`verify_cost_ms`, set by
-        the decoder) where given, else a weighted line through the medians of the verify forwards seen
-        (two widths at least), extended linearly past the widths known; None before either."""
+    def costs(self, widths: int, profile_ms=()) -> np.ndarray | None:
+        """c(k) for k = 1..widths: the device profile's k-token forward costs (`profile_ms`: the
+        generation's records.StepPlan.verify_ms) where given, else a weighted line through the medians of
+        the verify forwards seen (two widths at least), extended linearly past the widths known; None
+        before either."""
         k = np.arange(1, widths + 1)
-        if self.verify_cost_ms:
-            c = np.asarray(self.verify_cost_ms, dtype=np.float64)
+        if len(profile_ms):
+            c = np.asarray(profile_ms, dtype=np.float64)
             tail = c[len(c) // 2:]
             slope = (tail[-1] - tail[0]) / max(len(tail) - 1, 1)
             return np.where(k <= len(c), c[np.minimum(k, len(c)) - 1], c[-1] + slope * (k - len(c)))
@@ -279,12 +279,12 @@ class AnswerStore:
         slope, icpt = self._line
         return np.maximum(icpt + slope * k, 1e-3)
 
-    def draft_length(self, cap: int) -> int | None:
+    def draft_length(self, cap: int, profile_ms=()) -> int | None:
         """The draft length in 1..cap with the most expected tokens per ms: (1 + sum_{j<=L} a^j) / c(L+1)
         (a: `acceptance`, c: `costs`); None where no cost curve is known yet."""
         if cap <= 1:
             return max(cap, 0)
-        c = self.costs(cap + 1)
+        c = self.costs(cap + 1, profile_ms)
         if c is None:
             return None
         expected = 1.0 + np.cumsum(self.acceptance() ** np.arange(1, cap + 1))

@@ -233,7 +233,8 @@ class SpeculativeDecoder:
                                   f"target's context length {limit}")
         plan = self.planning.current()
         dec = self._resolved(plan, params.greedy)
-        step = step_plan(plan, dec.config, self.target.min_tokens, auto=self.strategy.name == "auto")
+        step = step_plan(plan, dec.config, self.target.min_tokens, auto=self.strategy.name == "auto",
+                         verify_ms=self.planning.verify_costs())
         # randomised drafting's no-draft rows are not masked by a grammar: constrained, it drafts as TLI
         randomised = dec.config.draft_probability is not None and not params.greedy and grammar is None
         gen = Generation(self.shared, dec.setup, step, prompt_ids, params, make_rng(seed), int(max_new_tokens), t_start,

@@ -108,6 +108,11 @@ class DevicePlanning:
         before MIN_FILL_TOKENS tokens (a benchmark's 8-token warm-up alone said 18 ms a token)."""
         return self.fill_ms / self.drafted_tokens if self.drafted_tokens >= MIN_FILL_TOKENS else 0.0
 
+    def verify_costs(self) -> tuple[float, ...]:
+        """The profile's k-token forward costs on the plan's graph (ms, k = 1..); empty without a profile."""
+        g = self.profile.graphs.get(self.plan.step_graph) if self.profile is not None else None
+        return tuple(g.cost_ms) if g is not None and g.measured else ()
+
     def current(self):
         """The plan for the next generation (module docstring)."""
         if self.profile is None:

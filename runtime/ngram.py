@@ -104,7 +104,7 @@ class LookupState:
         cap = min(match.m, MAX_STORE_DRAFT, gen.max_new_tokens - len(gen.generated) - 1)
         if not gen.params.greedy:
             cap = min(cap, gen.p_rows.shape[0] - 1)
-        best = store.draft_length(cap)
+        best = store.draft_length(cap, gen.step.verify_ms)
         return store.continuation(match, min(cap, gen.config.gamma) if best is None else best), match.m
 
 

@@ -20,6 +20,7 @@ class StepPlan:
     plain_pads: bool = True         # plain steps are exact (padded to exact_width), not the target's own 1-token steps
     plain_guess: bool = False       # plain steps may carry a prompt-lookup guess (rounds.plain_step)
     drafter_gamma: int | None = None    # the plan's bound on drafter rounds (None: the config's draft length)
+    verify_ms: tuple[float, ...] = ()   # the device profile's k-token forward costs on the step graph (k = 1..)
 
     @property
     def free_guess(self) -> bool:
@@ -38,7 +39,7 @@ class StepPlan:
         return drafts > 0 or self.plain_pads
 
 
-def step_plan(plan, config, exact_width: int, auto: bool) -> StepPlan:
+def step_plan(plan, config, exact_width: int, auto: bool, verify_ms=()) -> StepPlan:
     """The step plan of a generation of `config` (config.DecodeConfig) under the decoder's `plan`
     (plan.Plan), on a target runner whose exact forwards are `exact_width` wide. `auto`: the decoder's
     strategy is "auto", whose drafter rounds keep to the plan's gamma range (rated up to MAX_GAMMA
@@ -48,7 +49,7 @@ def step_plan(plan, config, exact_width: int, auto: bool) -> StepPlan:
     if auto and config.strategy.uses_drafter and config.auto_length:
         bound = max(plan.gamma_max, 1) if config.gamma <= MAX_GAMMA else config.gamma
     return StepPlan(exact_width=int(exact_width), plain_pads=config.plain_steps == "exact", plain_guess=guess,
-                    drafter_gamma=bound)
+                    drafter_gamma=bound, verify_ms=tuple(verify_ms))
 
 
 @dataclass

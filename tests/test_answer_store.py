@@ -120,17 +120,17 @@ def test_the_draft_length_follows_the_cost_model():
         store.book(10, 10)                             # and store drafts are all kept
     assert store.acceptance() > 0.95 and store.draft_length(16) == 16 and store.draft_length(1) == 1
     steep = AnswerStore(1 << 20)
-    steep.verify_cost_ms = [40.0, 80.0, 120.0]         # the device profile's curve: each token costs a step
+    steep_ms = [40.0, 80.0, 120.0]                    # the device profile's curve: each token costs a step
     for _ in range(50):
         steep.book(4, 1)                               # half the positions reached are rejected
-    assert steep.acceptance() < 0.6 and steep.draft_length(16) == 1
-    assert list(steep.costs(5)) == [40.0, 80.0, 120.0, 160.0, 200.0]     # extended past its widths
+    assert steep.acceptance() < 0.6 and steep.draft_length(16, steep_ms) == 1
+    assert list(steep.costs(5, steep_ms)) == [40.0, 80.0, 120.0, 160.0, 200.0]     # extended past its widths
     middle = AnswerStore(1 << 20)
-    middle.verify_cost_ms = [34.4, 44.5, 56.6, 66.9, 80.2, 93.0, 108.9, 119.9, 134.7]   # docs/results.md
-    lengths = [middle.draft_length(MAX_STORE_DRAFT)]
+    zen4_ms = [34.4, 44.5, 56.6, 66.9, 80.2, 93.0, 108.9, 119.9, 134.7]   # docs/results.md
+    lengths = [middle.draft_length(MAX_STORE_DRAFT, zen4_ms)]
     for _ in range(100):
         middle.book(10, 10)
-        lengths.append(middle.draft_length(MAX_STORE_DRAFT))
+        lengths.append(middle.draft_length(MAX_STORE_DRAFT, zen4_ms))
     assert lengths[0] < lengths[-1] <= MAX_STORE_DRAFT and lengths == sorted(lengths)   # more kept: longer
 
 
