@@ -160,7 +160,8 @@ class Generation:
             self.strategy_state.begin_round(self)
         governor = self.setup.governor_for(strategy.source(self.strategy_state) if strategy.source and gamma else None)
         step = self.step
-        if governor is not None and step.drafter_gamma is not None and governor is self.setup.drafter_governor():
+        drafter_round = governor is not None and governor is self.setup.drafter_governor()
+        if drafter_round and step.drafter_gamma is not None:
             gamma = min(gamma, step.drafter_gamma)        # the plan's range for drafter rounds
         if governor is not None:
             gamma = governor.choose(gamma)
@@ -180,7 +181,7 @@ class Generation:
             kept = len(new) - 1 if st.guesses > guesses_before else None     # a plain step's guess: 1 kept, 0 not
             drafted, accepted = st.drafted_per_step[-1], st.accepted_per_step[-1]
             governor.update(drafted, accepted, None if catch_up else ms, kept)
-            if governor is self.setup.drafter_governor():
+            if drafter_round:               # what the planning judges the drafter by (record())
                 self.drafter_reached += min(drafted, accepted + 1)
                 self.drafter_accepted += accepted
         return new
