@@ -19,10 +19,12 @@ one generation's matcher, in step with the decode round (rounds.py):
 - `forced()`: the tokens the grammar allows as the only continuation (llguidance's fast-forward
   tokens), drafted for free (rounds.forced_round).
 
-JSON schemas: an unknown `format` is an annotation (as JSON Schema has it): the schema compiles without
-it and `Constraint.notes` says so in one line. Approximations are the schema's own choice, through
-llguidance's `"x-guidance"` key in it: `{"coerce_one_of": true}` (oneOf as anyOf), `{"lenient": true}`
-(keys llguidance does not implement ignored); the refusals name them.
+JSON schemas: the layout is JSON_OPTIONS unless the schema's "x-guidance" names one of LAYOUT_KEYS (then
+llguidance's defaults and the schema's own keys). An unknown `format` is an annotation (as JSON Schema
+has it): the schema compiles without it and `Constraint.notes` says so in one line. Approximations are
+the schema's own choice, through llguidance's `"x-guidance"` key in it: `{"coerce_one_of": true}`
+(oneOf as anyOf), `{"lenient": true}` (keys llguidance does not implement, and min/maxProperties over
+optional keys, ignored); the refusals name them.
 
 llguidance (Rust, no torch, ~8 MB) comes with the `[serve]` extra (and `[grammar]`): import errors say so.
 """
@@ -39,8 +41,10 @@ from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.tli import tli_greedy
 
 # JSON separators of the generated text: one fixed way to write whitespace, so that keys, colons and
-# commas are forced tokens (free drafts) instead of choices; the spacing models write by habit
+# commas are forced tokens (free drafts) instead of choices. Models that pretty-print (Qwen2.5-Coder)
+# then answer `{}` where every key is optional: a schema may ask for its own layout (LAYOUT_KEYS)
 JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+LAYOUT_KEYS = ("item_separator", "key_separator", "whitespace_flexible", "whitespace_pattern")
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
 INSTALL = "pip install 'edgespec[serve]' (or 'edgespec[grammar]' for the library alone)"
 MAX_ERROR = 300         # characters of an llguidance message kept (some run to thousands, over many lines)
@@ -123,15 +127,18 @@ def constraint_from(response_format=None, json_schema=None, regex=None, grammar=
 def _schema_constraint(M, schema) -> Constraint:
     """A JSON schema's grammar. An unknown `format` is left out (JSON Schema's annotation), with a note;
     anything else llguidance refuses is refused, naming the "x-guidance" option that would approximate it."""
+    guidance = schema.get("x-guidance") if isinstance(schema, dict) else None
+    own = isinstance(guidance, dict) and any(k in guidance for k in LAYOUT_KEYS)
+    layout = {} if own else JSON_OPTIONS          # a layout the schema asks for is its own
     try:
-        g = M.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+        g = M.grammar_from_json_schema(schema, overrides=layout)
     except (ValueError, TypeError) as e:
         raise GenerationError(f"json_schema: {_one_line(e)}") from None
     err = M.validate_grammar(g)
     if not err:
         return Constraint("json_schema", g)
     if err.startswith("Unknown format"):
-        lenient = M.grammar_from_json_schema(schema, overrides=dict(JSON_OPTIONS, lenient=True))
+        lenient = M.grammar_from_json_schema(schema, overrides=dict(layout, lenient=True))
         failed, warnings = M.validate_grammar_with_warnings(lenient)
         others = [w for w in warnings if not w.startswith("Unknown format")]
         if not failed and not others:
@@ -139,13 +146,17 @@ def _schema_constraint(M, schema) -> Constraint:
             return Constraint("json_schema", lenient, notes=(f"json_schema: format {names} not checked (an annotation)",))
         err = warnings[0] if failed else others[0]
     hint = next((f"; {h}" for k, h in _HINTS.items() if k in err), "")
+    if hint:       # llguidance's own advice names the option but not where it goes: the hint says that
+        err = err.replace(". Enable 'coerce_one_of' option to approximate oneOf with anyOf", "")
     raise GenerationError(f"json schema is not supported or invalid: {_one_line(err)}{hint}")
 
 
 # what a refused schema can say to be compiled approximately (llguidance's options, read from the schema)
+_LENIENT = ('add "x-guidance": {"lenient": true} to the schema to ignore the keys llguidance does not implement '
+            '(the output may then break them)')
 _HINTS = {"oneOf": 'add "x-guidance": {"coerce_one_of": true} to the schema to take oneOf as anyOf',
-          "Unimplemented": 'add "x-guidance": {"lenient": true} to the schema to ignore the keys llguidance '
-                           'does not implement (the output may then break them)'}
+          "Unimplemented": _LENIENT,
+          "min/maxProperties": _LENIENT.replace("the keys", "min/maxProperties and the keys")}
 
 
 def _one_line(e) -> str:
