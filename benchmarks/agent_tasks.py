@@ -543,18 +543,20 @@ def test_uses_logging_not_print():
 '''
 
 TASKS = [
-    Task("stats-median", "calib", "The test suite fails. Find the bug in the code (not in the tests), fix it, and "
-         "run the tests again to confirm.", {"stats.py": STATS, "test_stats.py": TEST_STATS}),
-    Task("textutil-docstrings", "calib", "Add a one-line docstring to every function in textutil.py, leaving the "
-         "code otherwise unchanged, then run the tests.", {"textutil.py": TEXTUTIL, "test_textutil.py": TEST_TEXTUTIL}),
-    Task("inventory-rename", "test", "Rename the function calc_total to compute_total and update every place that "
-         "uses it, then run the tests.", {"inventory.py": INVENTORY, "report.py": REPORT,
+    Task("stats-median", "calib", "The test suite fails. Run the tests, read stats.py, fix the bug there (not in "
+         "the tests) by writing the whole corrected file with write_file, and run the tests again.", {"stats.py": STATS, "test_stats.py": TEST_STATS}),
+    Task("textutil-docstrings", "calib", "Read textutil.py, then write it back with write_file with a one-line "
+         "docstring added to every function and the code otherwise unchanged, then run the tests.", {"textutil.py": TEXTUTIL, "test_textutil.py": TEST_TEXTUTIL}),
+    Task("inventory-rename", "test", "Rename the function calc_total to compute_total: read inventory.py and "
+         "report.py, write each back in full with write_file using the new name, then run the tests.", {"inventory.py": INVENTORY, "report.py": REPORT,
                                            "test_inventory.py": TEST_INVENTORY}),
-    Task("config-comments", "test", "test_comments_are_ignored fails. Make config.py ignore comment lines and "
-         "inline comments (starting with # or ;), then run the tests.", {"config.py": CONFIG,
+    Task("config-comments", "test", "test_comments_are_ignored fails. Read config.py and test_config.py, make "
+         "parse_config ignore comment lines and inline comments (starting with # or ;) by writing the whole new "
+         "config.py with write_file, then run the tests.", {"config.py": CONFIG,
                                                                          "test_config.py": TEST_CONFIG}),
-    Task("backup-logging", "test", "Replace every print call in backup.py with logging through a module-level "
-         "logger (logger = logging.getLogger(__name__)), then run the tests.", {"backup.py": BACKUP,
+    Task("backup-logging", "test", "Read backup.py and write it back in full with write_file, every print call "
+         "replaced by logging through a module-level logger (logger = logging.getLogger(__name__)), then run the "
+         "tests.", {"backup.py": BACKUP,
                                                                                "test_backup.py": TEST_BACKUP}),
 ]
 
