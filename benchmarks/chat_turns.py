@@ -33,7 +33,7 @@ def main(argv=None) -> int:
 
     from edgespec.calibrate.prompts import load_prompts
     from edgespec.runtime import Bundle, SpeculativeDecoder
-    from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
+    from edgespec.runtime.api.config import PREFILL_GRAPH_SETTINGS
 
     bundle = Bundle.load(args.bundle, verify="fast")
     warm = SpeculativeDecoder(bundle, threads=args.threads, prefill_graph=PREFILL_GRAPH_SETTINGS[args.prefill_graph])

@@ -1,5 +1,5 @@
 """Code edits re-sent in fresh conversations (issue 48's edit workload, held out): what the answer store
-(runtime/answer_store.py) earns when an agent sends the same file again with another instruction.
+(runtime/samplers/answer_store.py) earns when an agent sends the same file again with another instruction.
 
 Eight functions from the Python standard library (modules the project's other edit prompts do not use),
 each asked twice, in fresh conversations, with two different instructions: all first requests, then all

@@ -47,8 +47,8 @@ def main(argv=None) -> int:
 
     from edgespec.calibrate.prompts import load_prompts
     from edgespec.runtime import Bundle, SpeculativeDecoder
-    from edgespec.runtime.context import REFILL_FRACTION
-    from edgespec.runtime.checks import DEFAULT_DRAFTER_WINDOW
+    from edgespec.runtime.round.context import REFILL_FRACTION
+    from edgespec.runtime.api.checks import DEFAULT_DRAFTER_WINDOW
 
     dec = SpeculativeDecoder(Bundle.load(args.bundle, verify="fast"), strategy="tli", threads=args.threads,
                              options=dict(draft_threads=args.draft_threads, defer_drafter=False, prefix_reuse=False))

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from edgespec.calibrate.prompts import load_prompts
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime import context
+from edgespec.runtime.round import context
 
 
 STATS = {"fill_ms": "draft_prefill_ms", "fill_tokens": "draft_prefill_tokens", "drafted": "drafted",

@@ -77,9 +77,9 @@ def greedy(dec, prompt: str, n: int = 32) -> tuple[list[int], dict]:
 
 def check_placement(bundles: dict, ep: str) -> None:
     from edgespec.runtime import Bundle
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.placement import KV_WRITERS, read_placement
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.placement import KV_WRITERS, read_placement
+    from edgespec.runtime.engine.sessions import create_session
 
     for name, path in bundles.items():
         b = Bundle.load(path)
@@ -97,8 +97,8 @@ def check_placement(bundles: dict, ep: str) -> None:
 
 def cpu_against_ep(bundles: dict, ep: str) -> None:
     from edgespec.runtime import Bundle, SpeculativeDecoder
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import create_session
 
     for name, path in bundles.items():
         b = Bundle.load(path)
@@ -150,8 +150,8 @@ def strategies_against_ar(bundles: dict, ep: str) -> None:
 
 def batch_invariance(bundles: dict, ep: str) -> None:
     from edgespec.runtime import Bundle
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import create_session
 
     for name, path in bundles.items():
         b = Bundle.load(path)
@@ -176,8 +176,8 @@ def batch_invariance(bundles: dict, ep: str) -> None:
 def sampling(bundles: dict, ep: str, n: int = 2000) -> None:
     from distribution import ALPHA, check_lossless, sample_tokens, verify_without_residual as no_residual
     from edgespec.runtime import Bundle, SpeculativeDecoder
-    from edgespec.runtime import rounds as rounds_module
-    from edgespec.runtime.sampling import SamplingParams
+    from edgespec.runtime.round import rounds as rounds_module
+    from edgespec.runtime.samplers.sampling import SamplingParams
 
     for name in [k for k in ("cuda-fp16-same", "cpu-fp32") if k in bundles]:
         b = Bundle.load(bundles[name])

@@ -8,7 +8,7 @@ the drafter's step with its full head and pruned to 32,768 tokens (export/prune.
 speedup of the measured costs at acceptance 0.6 / 0.7 / 0.8 (profiler/mbsu.py's tau). Random weights:
 acceptance means nothing here. On the CPU EP (`--ep cpu`: fp32 and int4; a many-core host) it also
 measures how a target and a drafter step scale with threads, runs edgespec at the counts the device
-profile would choose (genai at its own: every core), and prints the plan runtime/plan.py makes from the
+profile would choose (genai at its own: every core), and prints the plan runtime/planning/plan.py makes from the
 measured costs. EDGESPEC_SCALE_SHAPES=tiny shrinks the models for a dry run on a CPU.
 """
 from __future__ import annotations
@@ -64,8 +64,8 @@ def _build(hf: Path, out: Path, precision: str, ep: str, head_dim: int) -> Path:
 
 
 def _runner(path: Path, ep: str, threads: int | None = None):
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import create_session
 
     sess, _ = create_session(path, ep, threads=threads, role="target")
     return ModelRunner(sess, "target")
@@ -73,9 +73,9 @@ def _runner(path: Path, ep: str, threads: int | None = None):
 
 def _thread_choice(target: Path, drafter: Path, ids: list[int]) -> dict:
     """The CPU EP: how a target and a drafter step scale with threads, and the counts the device profile
-    would choose (runtime/device_profile.py's own scaling, on these graphs)."""
-    from edgespec.runtime.sessions import allowed_cores
-    from edgespec.runtime.thread_scaling import probe_step, scale_threads
+    would choose (runtime/planning/device_profile.py's own scaling, on these graphs)."""
+    from edgespec.runtime.engine.sessions import allowed_cores
+    from edgespec.runtime.engine.thread_scaling import probe_step, scale_threads
 
     cores, prefix = allowed_cores(), 16
     t_ms, t_n = scale_threads(lambda n: probe_step(_runner(target, "cpu", n), ids, prefix), cores)
@@ -85,9 +85,9 @@ def _thread_choice(target: Path, drafter: Path, ids: list[int]) -> dict:
 
 
 def _plan(costs: dict, draft_ms: float, exact_one: bool, threads: dict) -> dict:
-    """The plan runtime/plan.py makes from these measured costs (the pair's shapes, random weights)."""
-    from edgespec.runtime.device_profile import DeviceProfile, GraphProfile
-    from edgespec.runtime.plan import make_plan
+    """The plan runtime/planning/plan.py makes from these measured costs (the pair's shapes, random weights)."""
+    from edgespec.runtime.planning.device_profile import DeviceProfile, GraphProfile
+    from edgespec.runtime.planning.plan import make_plan
 
     graph = GraphProfile(measured=True, one_token_exact=exact_one, wide_exact=True, cost_ms=[costs[k] for k in sorted(costs)])
     plan = make_plan(DeviceProfile(key={}, graphs={"model": graph}, drafter_step_ms=draft_ms, measure_s=0.0,

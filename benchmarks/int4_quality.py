@@ -18,8 +18,8 @@ import numpy as np
 
 
 def step_ms(path: Path, k: int, threads: int = 2, n: int = 10) -> float:
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import create_session
 
     sess, _ = create_session(path, "cpu", threads=threads)
     r = ModelRunner(sess, "target", exact=False)

@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from edgespec.runtime import Bundle
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import create_session
 
     ctxs = [int(c) for c in args.contexts.split(",")]
     layouts = {}

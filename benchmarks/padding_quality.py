@@ -38,8 +38,8 @@ def main(argv=None) -> int:
 
     from edgespec.export.quality import _prefill_logits, held_out_ids
     from edgespec.runtime import Bundle
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import create_session
 
     bundle = Bundle.load(args.bundle, verify="fast")
     sess, _ = create_session(bundle.target.onnx, "cpu", args.threads, role="target")

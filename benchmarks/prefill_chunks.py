@@ -1,5 +1,5 @@
 """Whether the target's prefill graph gives the same bits for a prompt in one forward or in two, which
-exact prefix reuse with `prefill_graph=True` relies on (runtime/prefix.py).
+exact prefix reuse with `prefill_graph=True` relies on (runtime/engine/prefix.py).
 
     python benchmarks/prefill_chunks.py --bundle bundles/qwen-coder-int4 [--tokens 400] [--threads 2]
 
@@ -21,8 +21,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from edgespec.runtime import Bundle
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import create_session
 
     b = Bundle.load(args.bundle, verify="fast")
     if b.target.prefill_onnx is None:

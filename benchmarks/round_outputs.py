@@ -18,8 +18,8 @@ import json
 import os
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.decoder import SpeculativeDecoder
-from edgespec.runtime.strategies import STRATEGIES
+from edgespec.runtime.api.decoder import SpeculativeDecoder
+from edgespec.runtime.round.strategies import STRATEGIES
 
 PROMPTS = (
     "The capital of France is",

@@ -1,4 +1,4 @@
-"""What the answer store (runtime/answer_store.py) costs a round: `lookup.with_store` (the context's tail
+"""What the answer store (runtime/samplers/answer_store.py) costs a round: `lookup.with_store` (the context's tail
 as a list, the hashed lookup, the checks and the backward extension) timed at every position of
 generations over a store of earlier answers, where it hits (an answer re-asked) and where it misses (new
 text), and a record. Realistic text: Python standard-library source tokenised by the bundle's target
@@ -25,8 +25,8 @@ import numpy as np
 
 from edgespec.calibrate.prompts import load_prompts
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime.answer_store import DEFAULT_STORE_MB, AnswerStore
-from edgespec.runtime.lookup import with_store
+from edgespec.runtime.samplers.answer_store import DEFAULT_STORE_MB, AnswerStore
+from edgespec.runtime.samplers.lookup import with_store
 
 MODULES = ("argparse", "json.decoder", "csv", "textwrap", "difflib", "logging", "inspect", "typing")
 

@@ -33,8 +33,8 @@ from tqdm import tqdm
 from edgespec.calibrate.jsonl import jsonl_records
 from edgespec.errors import CalibrationError
 from edgespec.hashing import sha256_file
-from edgespec.runtime.reencode import ByteEncoder, continuation_tokenizer
-from edgespec.runtime.vocab import token_table
+from edgespec.runtime.bundle.reencode import ByteEncoder, continuation_tokenizer
+from edgespec.runtime.bundle.vocab import token_table
 
 CHUNK_CHARS = 1 << 16          # target size of one tokenised chunk
 BATCH_CHARS = 1 << 20          # characters tokenised per encode_batch call
@@ -334,7 +334,7 @@ def map_counts(src_counts: np.ndarray, src_to_dst: np.ndarray, src_tok, dst_tok,
     """Move counts from one vocabulary onto another (heterogeneous pairs).
 
     Tokens with a counterpart in the string map move their count to it. Others are decoded to their
-    bytes and re-tokenised with the destination tokenizer (runtime/reencode.py, `ByteEncoder.retokenise`);
+    bytes and re-tokenised with the destination tokenizer (runtime/bundle/reencode.py, `ByteEncoder.retokenise`);
     their count is split equally over the resulting tokens (text that is not valid UTF-8 alone maps
     byte by byte onto the destination's single-byte tokens). Added tokens without an exact counterpart
     are reported as unmapped."""

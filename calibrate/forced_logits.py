@@ -9,7 +9,7 @@ over the kept columns, pruned and renormalised (TLI: columns without a target id
 
 Same tokenizer: positions are token indices, identical for both models. Heterogeneous pair: both
 tokenizers encode the same text and a position is used where both have a token boundary at the same
-byte offset (token bytes from runtime/vocab.py's tables); the target's p and the drafter's q' then
+byte offset (token bytes from runtime/bundle/vocab.py's tables); the target's p and the drafter's q' then
 both describe "the next token starting here". Sequences whose token bytes do not add up to the text
 are skipped and counted.
 
@@ -26,11 +26,11 @@ from tqdm import tqdm
 
 from edgespec.calibrate.counts import special_affixes
 from edgespec.errors import CalibrationError
-from edgespec.runtime.kv import ModelRunner
-from edgespec.runtime.sampling import softmax
-from edgespec.runtime.sessions import create_session
-from edgespec.runtime.tli import tli_rows
-from edgespec.runtime.vocab import SPECIAL_PREFIX, as_tokenizer, token_table
+from edgespec.runtime.engine.kv import ModelRunner
+from edgespec.runtime.samplers.sampling import softmax
+from edgespec.runtime.engine.sessions import create_session
+from edgespec.runtime.samplers.tli import tli_rows
+from edgespec.runtime.bundle.vocab import SPECIAL_PREFIX, as_tokenizer, token_table
 
 
 @dataclass

@@ -26,8 +26,8 @@ from tqdm import tqdm
 
 from edgespec.calibrate.jsonl import jsonl_records
 from edgespec.errors import CalibrationError
-from edgespec.runtime.chat import as_messages, render_chat
-from edgespec.runtime.decoder import SpeculativeDecoder
+from edgespec.runtime.bundle.chat import as_messages, render_chat
+from edgespec.runtime.api.decoder import SpeculativeDecoder
 
 
 @dataclass

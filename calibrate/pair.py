@@ -21,9 +21,9 @@ from edgespec.calibrate.select import always_kept
 from edgespec.errors import CalibrationError
 from edgespec.export.sources import resolve
 from edgespec.models import get_pair
-from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.manifest import manifest_sha256
-from edgespec.runtime.vocab import as_tokenizer, build_maps, vocab_hash
+from edgespec.runtime.bundle.bundle import Bundle
+from edgespec.runtime.bundle.manifest import manifest_sha256
+from edgespec.runtime.bundle.vocab import as_tokenizer, build_maps, vocab_hash
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Affinity M from tokenizer structure: drafter tokens map to target tokens by their decoded strings.
 
-Strings are the tokens' decoded bytes (runtime/vocab.py `token_table`: byte-level `Ġ` and
+Strings are the tokens' decoded bytes (runtime/bundle/vocab.py `token_table`: byte-level `Ġ` and
 SentencePiece `▁` both become a space, `<0xNN>` the byte NN), so the two tokenizer styles compare.
 "The tokenizer's first token of a string" is approximated by the longest vocabulary key that is a
 prefix of it (BPE's first token is that in the common case; any map keeps decoding lossless, because
@@ -25,7 +25,7 @@ import numpy as np
 
 from edgespec.calibrate.sparse_rows import by_row, row_pointers, top_k_per_row
 from edgespec.errors import CalibrationError
-from edgespec.runtime.slrs import MAX_KEY_BYTES, key_index, longest_prefix_ids, text_keys
+from edgespec.runtime.round.slrs import MAX_KEY_BYTES, key_index, longest_prefix_ids, text_keys
 
 
 def prefix_ids_csr(strings: list, vocab: dict) -> tuple[np.ndarray, np.ndarray]:

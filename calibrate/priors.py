@@ -24,7 +24,7 @@ from edgespec.calibrate.output import save_npz
 from edgespec.calibrate.prefix_affinity import StructuralEstimator
 from edgespec.calibrate.sparse_rows import by_row, row_pointers, top_k_per_row
 from edgespec.errors import CalibrationError
-from edgespec.runtime.rdk import Affinity, rdk_distribution, rdk_taylor_distribution
+from edgespec.runtime.samplers.rdk import Affinity, rdk_distribution, rdk_taylor_distribution
 
 ESTIMATORS = ("cooc", "cov", "prefix", "first")   # prefix/first: tokenizer structure (prefix_affinity.py)
 

@@ -28,9 +28,9 @@ from edgespec.calibrate.output import AtomicOutput, file_digests, output_paths, 
 from edgespec.calibrate.pair import resolve_models
 from edgespec.calibrate.prompts import load_prompts, prompts_digest
 from edgespec.errors import CalibrationError, EdgespecError
-from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.manifest import manifest_sha256
-from edgespec.runtime.vocab import vocab_hash
+from edgespec.runtime.bundle.bundle import Bundle
+from edgespec.runtime.bundle.manifest import manifest_sha256
+from edgespec.runtime.bundle.vocab import vocab_hash
 
 SOURCES = ("raw", "target", "drafter")
 

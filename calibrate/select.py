@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import CalibrationError
-from edgespec.runtime.vocab import (VOCAB_FORMAT, VOCAB_FORMAT_VERSION, as_tokenizer, read_vocab_file, tokenizer_info,
+from edgespec.runtime.bundle.vocab import (VOCAB_FORMAT, VOCAB_FORMAT_VERSION, as_tokenizer, read_vocab_file, tokenizer_info,
                                     vocab_hash)
 
 POLICIES = ("keep", "coverage", "min-count")

@@ -3,7 +3,7 @@
 The builder writes the graph onnxruntime-genai itself runs: GroupQueryAttention with rotary inside,
 SkipSimplifiedLayerNormalization, a packed QKV projection and, for int4/int8, MatMulNBits; ~350
 nodes for a 28-layer model where optimum's export has ~7,000. Its KV cache can be one buffer shared by
-`past_key_values.*` and `present.*` (runtime/kv.py binds it once and never copies it).
+`past_key_values.*` and `present.*` (runtime/engine/kv.py binds it once and never copies it).
 
 `build_model(hf_dir, sha256, precision=...)` runs onnxruntime-genai's builder in a child process
 (`python -m edgespec.export.builder_child`, the builder with its memory peak cut and its bytes
@@ -47,7 +47,7 @@ from edgespec.export.quantize import DRAFTER_BLOCK_SIZES, dividing_block_sizes
 from edgespec.export.workdirs import KEY_RE, fix_modes, owned_tmpdir, remove_stale_tmpdirs
 from edgespec.hashing import sha256_file
 from edgespec.paths import exports_dir
-from edgespec.runtime.kv import KV_KEY
+from edgespec.runtime.engine.kv import KV_KEY
 
 BUILDER_REVISION = 1         # bump when the build recipe changes: invalidates cached builds
 PRECISIONS = ("fp32", "fp16", "int4", "int8")

@@ -1,5 +1,5 @@
 """Writing a bundle's contents into a (temporary) directory: graphs, tokenizers, vocabulary maps,
-priors, the pruned drafter and its checks, and the manifest (through edgespec.runtime.manifest).
+priors, the pruned drafter and its checks, and the manifest (through edgespec.runtime.bundle.manifest).
 export/bundle_writer.py decides what goes in and moves the finished directory into place."""
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from edgespec.export.onnx_export import CachedExport, check_inputs, ort_session,
 from edgespec.export.progress import log
 from edgespec.hashing import sha256_file
 from edgespec.models.weights import ModelSource
-from edgespec.runtime import manifest as mf
-from edgespec.runtime.kv import default_feeds
-from edgespec.runtime.vocab import TokenizerInfo, build_maps, intersection_size, vocab_hash
+from edgespec.runtime.bundle import manifest as mf
+from edgespec.runtime.engine.kv import default_feeds
+from edgespec.runtime.bundle.vocab import TokenizerInfo, build_maps, intersection_size, vocab_hash
 
 PRIOR_FILES = ("prior.npy", "affinity.npz", "randomised.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",

@@ -25,8 +25,8 @@ from edgespec.export.progress import log
 from edgespec.export.sources import resolve
 from edgespec.export.workdirs import host_tag, owned_tmpdir, remove_stale_tmpdirs
 from edgespec.paths import exports_dir
-from edgespec.runtime.manifest import is_bundle_dir
-from edgespec.runtime.vocab import tokenizer_info
+from edgespec.runtime.bundle.manifest import is_bundle_dir
+from edgespec.runtime.bundle.vocab import tokenizer_info
 
 
 def free_bytes(path: Path) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import ExportError
-from edgespec.runtime.vocab import VOCAB_FORMAT, VOCAB_FORMAT_VERSION, read_vocab_file
+from edgespec.runtime.bundle.vocab import VOCAB_FORMAT, VOCAB_FORMAT_VERSION, read_vocab_file
 
 
 @dataclass

@@ -7,14 +7,14 @@ runs the LM head (about 15% of Qwen2.5-1.5B's work per token) over the whole pro
 The edit: the hidden state that feeds the head MatMul (found structurally, export/graph_info.py
 `find_head`) goes through `Slice(h, starts=-k, ends=MAX, axes=[1])`, where k is the new graph input
 `logits_to_keep` (int64 [1]); k = 0 slices nothing (-0 = 0): every position's logits, as before.
-runtime/kv.py feeds it on every forward (k at prefill, 0 otherwise) and any graph without it still
+runtime/engine/kv.py feeds it on every forward (k at prefill, 0 otherwise) and any graph without it still
 runs. It is a required input, not an overridable initializer with a default of 0: ORT's IOBinding,
 which the shared KV cache needs, refuses to bind an overridable initializer ("Failed to find NodeArg").
 onnxruntime-genai's generator does not feed it, so `strip_logits_to_keep` gives it the graph as the
 builder wrote it (bench --peers).
 
 Rows are computed by the same head kernel whatever k is, as long as k >= 2 on graphs whose 1-row
-MatMulNBits path differs (runtime/kv.py keeps `min_forward_tokens` rows for that reason).
+MatMulNBits path differs (runtime/engine/kv.py keeps `min_forward_tokens` rows for that reason).
 
 Since 2026-11-27 the rows are cut earlier where the graph allows it: right after the last layer's
 attention (a builder graph's GroupQueryAttention), on its output and on the residual stream beside it

@@ -31,8 +31,8 @@ from edgespec.export.progress import log
 from edgespec.export.workdirs import KEY_RE, fix_modes, owned_tmpdir, remove_stale_tmpdirs
 from edgespec.hashing import sha256_file
 from edgespec.paths import exports_dir
-from edgespec.runtime.kv import default_feeds
-from edgespec.runtime.sessions import session_options
+from edgespec.runtime.engine.kv import default_feeds
+from edgespec.runtime.engine.sessions import session_options
 
 EXPORT_REVISION = 2          # bump when the export recipe changes: invalidates cached exports
 TASK = "text-generation-with-past"

@@ -16,7 +16,7 @@ past (padding the query alone failed the gemma3-270m export: "sequence_length=17
 A sliding window (Gemma-3's local layers) is unaffected: the copy comes after every real row. Every
 projection, MLP and the LM head run on the real rows only; attention always sees 2+ queries. The graph
 takes an attention mask one position longer and writes one extra KV position, which the runtime never
-counts (`edgespec.attention_pad_rows`, runtime/kv.py) and the next forward overwrites. On the 1.5B
+counts (`edgespec.attention_pad_rows`, runtime/engine/kv.py) and the next forward overwrites. On the 1.5B
 its 1-token step gave logits identical to the padded 2-token step of model.onnx (max |diff| 0.0) in
 62.6 ms, against 64.0 ms for model.onnx's 1-token step and 72.9 ms for the padded one (/tmp script,
 300-token past, median of 30).
@@ -29,7 +29,7 @@ model.onnx stays the builder's graph: onnxruntime-genai runs it (bench `--peers`
 that the new graph's forwards of every width agree with model.onnx's padded ones on the exporting
 machine and records the difference (manifest `checks.padded_attention_vs_padded_steps_max_abs_diff`):
 information, and the runtime's choice where no device profile of its own machine exists yet
-(runtime/device_profile.py, runtime/plan.py).
+(runtime/planning/device_profile.py, runtime/planning/plan.py).
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def write_padded_graph(target_dir: Path) -> Path | None:
     GPU EP, which the export cannot run here to check it)."""
     import onnx  # lazy: the [export] extra
 
-    from edgespec.runtime.kv import MIN_TOKENS_KEY, PAD_ROWS_KEY
+    from edgespec.runtime.engine.kv import MIN_TOKENS_KEY, PAD_ROWS_KEY
 
     model = onnx.load(str(Path(target_dir) / "model.onnx"), load_external_data=False)
     logits = next((o for o in model.graph.output if o.name == "logits"), None)
@@ -110,7 +110,7 @@ def check_padded_graph(target_dir: Path, ids: np.ndarray, prefix: int = 16) -> f
     """Max |diff| between model.onnx's padded 1-token forwards and the padded-attention graph's forwards
     of 1, 2 and 3 tokens and of all of them at once, on the same text (prepacked, one graph at a time)."""
     from edgespec.export.onnx_export import ort_session
-    from edgespec.runtime.kv import ModelRunner
+    from edgespec.runtime.engine.kv import ModelRunner
 
     target_dir = Path(target_dir)
     runner = ModelRunner(ort_session(target_dir / "model.onnx", prepack=True), "check")
@@ -130,7 +130,7 @@ CHECK_TOKENS = 28           # 16 prefilled + 12 compared at each width
 def write_and_check(target_dir: Path, progress: bool = True) -> float | None:
     """write_padded_graph, then check_padded_graph on held-out text in the target's tokens. The graph
     stays whatever the check says: the difference is this machine's, recorded in the manifest (runtime
-    machines measure their own: runtime/device_profile.py). Returns the max |diff|, None where no graph
+    machines measure their own: runtime/planning/device_profile.py). Returns the max |diff|, None where no graph
     was written. A graph the export cannot build, run or compare (an attention layout the rewrite gets
     wrong, say) is removed and skipped with one progress line naming why, never a traceback: the bundle
     is then one without the variant, and the runtime steps model.onnx (padded where the export asked).

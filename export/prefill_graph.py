@@ -5,7 +5,7 @@ step, but on a long prompt ORT's int8 path with 32-weight blocks runs below its 
 Qwen2.5-Coder 1.5B, 2-core Xeon (AVX-512), a 512-token prefill took 6.51 s at level 4 and 5.23 s at
 level 1 (llama.cpp pp512: 4.91 s), while a 2-token step took 69 ms at level 4 and 276 ms at level 1.
 So the runtime may run long forwards (prompts) through this graph and everything else through
-model.onnx (`SpeculativeDecoder(prefill_graph=True)`, runtime/kv.py). The two graphs share the
+model.onnx (`SpeculativeDecoder(prefill_graph=True)`, runtime/engine/kv.py). The two graphs share the
 weight file (`model.onnx.data`), the inputs, the outputs and the KV layout; their logits differ by
 the activation rounding only (0.19 at the last position of 512 random tokens on the 1.5B), and greedy
 speculation stays identical to greedy `ar` because both prefill through the same graph.
@@ -61,7 +61,7 @@ def check_prefill_graph(target_dir: Path, vocab_size: int) -> float:
 
     from edgespec.errors import ExportError
     from edgespec.export.onnx_export import check_inputs, ort_session
-    from edgespec.runtime.kv import ModelRunner
+    from edgespec.runtime.engine.kv import ModelRunner
 
     ids = check_inputs(vocab_size)[0]
     logits = []

@@ -28,8 +28,8 @@ from tokenizers import Tokenizer
 
 from edgespec.errors import ExportError
 from edgespec.export.onnx_export import ort_session
-from edgespec.runtime.kv import MIN_TOKENS_KEY, default_feeds
-from edgespec.runtime.sampling import softmax
+from edgespec.runtime.engine.kv import MIN_TOKENS_KEY, default_feeds
+from edgespec.runtime.samplers.sampling import softmax
 
 ACCEPT = {"top1_agreement": 0.90, "mean_overlap": 0.90}
 DEFAULT_FILES = ("textwrap.py", "heapq.py", "fractions.py", "statistics.py")
@@ -137,7 +137,7 @@ def batch_invariance(onnx_path: Path, ids: np.ndarray, threads: int = 1, prefix:
 
 def measure_batch_invariance(onnx_path: Path, tokenizer_json: Path, progress: bool) -> dict:
     """batch_invariance on held-out text; when only 1-token forwards differ, record in the graph's
-    metadata that exact forwards carry >= 2 tokens (runtime/kv.py's ModelRunner pads a 1-token forward
+    metadata that exact forwards carry >= 2 tokens (runtime/engine/kv.py's ModelRunner pads a 1-token forward
     of an exact runner, the target's, with a dummy token it then drops; a drafter's runner ignores it)."""
     ids = np.concatenate(held_out_ids(tokenizer_json, n_tokens=64, segment=64))
     res = batch_invariance(onnx_path, ids)

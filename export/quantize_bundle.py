@@ -74,7 +74,7 @@ def builder_settings(args) -> dict:
             out["unsupported"] = f"{scheme} is not a model-builder precision; use --graph optimum"
             continue
         # a GPU EP's float graph is fp16: ORT has no fp32 GroupQueryAttention kernel on CUDA, so an fp32
-        # graph would run attention on the CPU EP (runtime/placement.py)
+        # graph would run attention on the CPU EP (runtime/engine/placement.py)
         out[side] = "fp16" if scheme == "none" and args.quantize_ep != "cpu" else BUILDER_PRECISION[scheme]
         if out[side] == "fp16":
             out["optimum_refuses"] = FP16_BUILDER_ONLY

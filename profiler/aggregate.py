@@ -28,7 +28,7 @@ from edgespec.profiler import mbsu as M
 from edgespec.profiler.journal import config_of
 from edgespec.profiler.peers import is_peer
 from edgespec.profiler.settings import FAST_BASELINE, is_auto
-from edgespec.runtime.strategies import get_strategy
+from edgespec.runtime.round.strategies import get_strategy
 
 # summarised per repeat, reported as the median over repeats with a [min, max] spread
 MEDIAN_FIELDS = ("acceptance_rate", "guess_acceptance", "tau", "tokens_per_s", "speedup", "decode_tokens_per_s", "decode_speedup",

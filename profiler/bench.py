@@ -43,15 +43,15 @@ from edgespec.profiler.machine import peak_rss_mb, read_bandwidth, reset_peak_rs
 from edgespec.profiler.peers import make_peers
 from edgespec.profiler.settings import FAST_BASELINE, BenchSettings, gamma_label, is_auto
 from edgespec.runtime.arguments import parse_option
-from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.config import SESSION_OPTIONS, check_decoder_settings, split_options
-from edgespec.runtime.checks import MAX_DRAFT_LENGTH, check_draft_length, check_generation_args
-from edgespec.runtime.decoder import SpeculativeDecoder
-from edgespec.runtime.device_plan import profile_measured_again, wait_for_profile
-from edgespec.runtime.device_profile import device_plan_summary
-from edgespec.runtime.manifest import manifest_sha256
-from edgespec.runtime.sessions import prefill_graph_applies
-from edgespec.runtime.strategies import get_strategy
+from edgespec.runtime.bundle.bundle import Bundle
+from edgespec.runtime.api.config import SESSION_OPTIONS, check_decoder_settings, split_options
+from edgespec.runtime.api.checks import MAX_DRAFT_LENGTH, check_draft_length, check_generation_args
+from edgespec.runtime.api.decoder import SpeculativeDecoder
+from edgespec.runtime.planning.device_plan import profile_measured_again, wait_for_profile
+from edgespec.runtime.planning.device_profile import device_plan_summary
+from edgespec.runtime.bundle.manifest import manifest_sha256
+from edgespec.runtime.engine.sessions import prefill_graph_applies
+from edgespec.runtime.round.strategies import get_strategy
 
 RECORD_STATS = ("new_tokens", "prefill_tokens", "prompt_tokens", "total_ms", "ttft_ms", "prefill_ms",
                 "draft_prefill_ms", "draft_prefill_tokens", "draft_refills", "reused_tokens", "draft_ms",

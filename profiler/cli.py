@@ -13,7 +13,7 @@ from edgespec.profiler.report import lossless_line, table
 from edgespec.profiler.settings import DEFAULT_MAX_DRAFT_LENGTH, BenchSettings
 from edgespec.profiler.study.cli import add_bundle_and_prompts, register_acceptance, register_randomised, register_synthetic
 from edgespec.runtime.arguments import add_decoder_arguments, decoder_options, defaults_of, parse_draft_length
-from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS
+from edgespec.runtime.api.config import PREFILL_GRAPH_SETTINGS
 
 BENCH_EPILOG = """\
 outputs in OUT/: report.json (docs/report-schema.md), report.md, plots and

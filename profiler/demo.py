@@ -40,7 +40,7 @@ from edgespec.paths import cache_home, models_dir
 from edgespec.profiler.bench import check_draft_lengths
 from edgespec.profiler.errors import BenchError
 from edgespec.profiler.report import lossless_line
-from edgespec.runtime.manifest import MANIFEST
+from edgespec.runtime.bundle.manifest import MANIFEST
 
 STATE = "demo-state.json"
 DESCRIPTION = """\

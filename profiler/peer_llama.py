@@ -21,9 +21,9 @@ from collections import deque
 from pathlib import Path
 from threading import Thread
 
-from edgespec.runtime.decoder import GenerationResult
-from edgespec.runtime.sessions import default_threads
-from edgespec.runtime.stats import GenerationStats
+from edgespec.runtime.api.decoder import GenerationResult
+from edgespec.runtime.engine.sessions import default_threads
+from edgespec.runtime.api.stats import GenerationStats
 
 LLAMA = "llama.cpp"
 START_TIMEOUT_S = 180.0

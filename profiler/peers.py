@@ -28,9 +28,9 @@ from pathlib import Path
 from edgespec.export.last_logits import strip_logits_to_keep
 from edgespec.export.workdirs import owned_tmpdir, remove_stale_tmpdirs
 from edgespec.profiler.peer_llama import LLAMA, LlamaServerPeer, PeerError, target_gguf
-from edgespec.runtime.decoder import GenerationResult
-from edgespec.runtime.sessions import default_threads
-from edgespec.runtime.stats import GenerationStats
+from edgespec.runtime.api.decoder import GenerationResult
+from edgespec.runtime.engine.sessions import default_threads
+from edgespec.runtime.api.stats import GenerationStats
 
 GENAI = "onnxruntime-genai"
 PEERS = (GENAI, LLAMA)

@@ -10,7 +10,7 @@ from pathlib import Path
 from edgespec.profiler import mbsu as M
 from edgespec.profiler.machine import machine_info, versions
 from edgespec.profiler.settings import gamma_label, gamma_order, is_auto, settings_dict
-from edgespec.runtime.manifest import manifest_sha256
+from edgespec.runtime.bundle.manifest import manifest_sha256
 
 FORMAT = "edgespec-bench-report"
 SCHEMA_VERSION = 1

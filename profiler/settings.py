@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edgespec.calibrate.prompts import HUMANEVAL
-from edgespec.runtime.bundle import COMMAND_VERIFY
-from edgespec.runtime.checks import DEFAULT_MAX_DRAFT_LENGTH, DEFAULT_MAX_NEW_TOKENS
+from edgespec.runtime.bundle.bundle import COMMAND_VERIFY
+from edgespec.runtime.api.checks import DEFAULT_MAX_DRAFT_LENGTH, DEFAULT_MAX_NEW_TOKENS
 
 AUTO = "auto"                     # the draft-length entry that runs a strategy with draft_length="auto"
 FAST_BASELINE = ("ar-fast", 0)    # ar with 1-token steps: the speed baseline where the graph pads them
@@ -69,7 +69,7 @@ class BenchSettings:
     resume: bool = False
     peers: bool = False                      # onnxruntime-genai's generator as a row (profiler/peers.py)
     llama_server: Path | None = None         # llama.cpp's llama-server on the target's GGUF as a row (peer_llama.py)
-    prefill_graph: bool | str = "auto"       # long forwards on the target's prefill graph (runtime/kv.py)
+    prefill_graph: bool | str = "auto"       # long forwards on the target's prefill graph (runtime/engine/kv.py)
     command: str = ""
 
     def __post_init__(self):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.runtime.kv import default_feeds
-from edgespec.runtime.sessions import session_options
+from edgespec.runtime.engine.kv import default_feeds
+from edgespec.runtime.engine.sessions import session_options
 
 
 def _session(path: Path, threads: int):

@@ -15,10 +15,10 @@ import dataclasses
 import inspect
 import sys
 
-from edgespec.runtime.bundle import COMMAND_VERIFY, VERIFY_MODES, Bundle
-from edgespec.runtime.config import PREFILL_GRAPH_SETTINGS, check_decoder_settings
-from edgespec.runtime.decoder import SpeculativeDecoder
-from edgespec.runtime.strategies import STRATEGIES
+from edgespec.runtime.bundle.bundle import COMMAND_VERIFY, VERIFY_MODES, Bundle
+from edgespec.runtime.api.config import PREFILL_GRAPH_SETTINGS, check_decoder_settings
+from edgespec.runtime.api.decoder import SpeculativeDecoder
+from edgespec.runtime.round.strategies import STRATEGIES
 
 
 

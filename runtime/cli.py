@@ -7,8 +7,8 @@ import sys
 
 from edgespec.errors import GenerationError
 from edgespec.runtime.arguments import add_decoder_arguments, decoder_from_args, defaults_of
-from edgespec.runtime.checks import check_generation_args
-from edgespec.runtime.decoder import SpeculativeDecoder
+from edgespec.runtime.api.checks import check_generation_args
+from edgespec.runtime.api.decoder import SpeculativeDecoder
 
 GENERATE = defaults_of(SpeculativeDecoder.generate)     # the flags' defaults are generate()'s
 

@@ -3,11 +3,11 @@ plan it makes, and why.
 
 The first thing to run when edgespec is slower than hoped: it says what the
 CPU is (model, the instruction-set extensions the int4 kernels use),
-measures the profile where none is cached (runtime/device_profile.py;
+measures the profile where none is cached (runtime/planning/device_profile.py;
 `--remeasure` measures again), prints each target graph's exactness and
-k-token cost curve and the drafter's step, then the plan (runtime/plan.py)
-with its reasons. `--acceptance A` shows the plan at another drafter
-acceptance (what a generation measures as it runs).
+k-token cost curve and the drafter's step, then the plan
+(runtime/planning/plan.py) with its reasons. `--acceptance A` shows the
+plan at another drafter acceptance (what a generation measures as it runs).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from edgespec.runtime.plan import GRAPH_WORDS, PRIOR_ACCEPTANCE, make_plan
+from edgespec.runtime.planning.plan import GRAPH_WORDS, PRIOR_ACCEPTANCE, make_plan
 
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "i8mm", "sve")
 
@@ -53,9 +53,9 @@ def cpu_description() -> str:
 def run_doctor(args) -> int:
     import onnxruntime as ort  # lazy, as everywhere in the runtime
 
-    from edgespec.runtime.bundle import Bundle
-    from edgespec.runtime.device_profile import ensure_profile, profile_path
-    from edgespec.runtime.sessions import allowed_cores, check_threads
+    from edgespec.runtime.bundle.bundle import Bundle
+    from edgespec.runtime.planning.device_profile import ensure_profile, profile_path
+    from edgespec.runtime.engine.sessions import allowed_cores, check_threads
 
     threads = check_threads(args.threads)
     if args.acceptance is not None and not 0.0 <= args.acceptance <= 1.0:

@@ -46,7 +46,7 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
                            code="invalid_api_key")
 
     def draft_scope(request: Request) -> str | None:
-        """The answer store's partition (runtime/answer_store.py): the API key's hash, so that one key's
+        """The answer store's partition (runtime/samplers/answer_store.py): the API key's hash, so that one key's
         answers never draft for another's; None (one shared store) on a server without keys."""
         token = request.headers.get("authorization", "").partition(" ")[2].strip()
         return "key:" + hashlib.sha256(token.encode()).hexdigest() if settings.api_key is not None else None

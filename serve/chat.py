@@ -11,8 +11,8 @@ import signal
 import sys
 
 from edgespec.errors import EdgespecError, GenerationError
-from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.checks import check_generation_args
+from edgespec.runtime.bundle.bundle import Bundle
+from edgespec.runtime.api.checks import check_generation_args
 from edgespec.serve.server import make_decoder
 
 HELP = "commands: /reset (new conversation), /stats (last turn's figures), /help, /exit (or Ctrl-D)"

@@ -12,9 +12,9 @@ import sys
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.arguments import decoder_from_args, decoder_options
-from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.decoder import SpeculativeDecoder
-from edgespec.runtime.strategies import get_strategy
+from edgespec.runtime.bundle.bundle import Bundle
+from edgespec.runtime.api.decoder import SpeculativeDecoder
+from edgespec.runtime.round.strategies import get_strategy
 from edgespec.serve.worker import Worker
 
 

@@ -1,7 +1,7 @@
 """Structured output and tool calls for the OpenAI server (docs/structured-output.md).
 
 - `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}) becomes a
-  generate() constraint (runtime/grammar.py).
+  generate() constraint (runtime/samplers/grammar.py).
 - `tools` are rendered through the model's own chat template (its `tools` variable: Qwen2.5's, Hermes
   style); a template that never reads `tools` gets a 400. The model answers tool calls in the format
   that template teaches, `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, and under
@@ -22,8 +22,8 @@ import json
 import re
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.chat import render_chat
-from edgespec.runtime.grammar import JSON_OPTIONS
+from edgespec.runtime.bundle.chat import render_chat
+from edgespec.runtime.samplers.grammar import JSON_OPTIONS
 from edgespec.serve.calls import (CLOSE, OPEN, CallGuard, LooseCalls, ToolCallStream, made_calls,  # noqa: F401
                                   parse_tool_calls)
 from edgespec.serve.errors import APIError

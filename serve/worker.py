@@ -24,7 +24,7 @@ from edgespec.errors import EdgespecError
 from edgespec.serve.protocol import APIError
 
 # GenerationStats fields also in the response's "edgespec" object: where a request's time went (prefill
-# after prefix reuse, verify forwards) and which drafts were kept (runtime/stats.py)
+# after prefix reuse, verify forwards) and which drafts were kept (runtime/api/stats.py)
 DRAIN_ROUNDS = 4         # rounds a generation ended at a repeated call may run on to complete (Worker._drain)
 EXT_COUNTS = ("prefill_ms", "reused_tokens", "verify_forwards", "drafted", "accepted", "store_drafted",
               "store_accepted", "guesses", "guesses_accepted", "forced", "forced_accepted")
@@ -198,7 +198,7 @@ class Worker:
     @staticmethod
     def _drain(job: Job, stream) -> None:
         """Run a generation to its end without posting it (at most DRAIN_ROUNDS more rounds), so that it
-        completes: the decoder then keeps the KV of the prompt for the next generation (runtime/prefix.py),
+        completes: the decoder then keeps the KV of the prompt for the next generation (runtime/engine/prefix.py),
         which a stream closed early forgets. The text fallback re-reads the same prompt."""
         for i, _ in enumerate(stream):
             if i >= DRAIN_ROUNDS or job.cancelled.is_set() or time.monotonic() >= job.deadline:

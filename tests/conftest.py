@@ -34,7 +34,7 @@ if str(_TESTS) not in sys.path:
 import tinymodels  # noqa: E402
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Decoders plan from the export's checks (runtime/plan.py `export_plan`) unless a test says otherwise:
+# Decoders plan from the export's checks (runtime/planning/plan.py `export_plan`) unless a test says otherwise:
 # a device profile measured after a test's first generation would change later tests' plans.
 os.environ.setdefault("EDGESPEC_DEVICE_PROFILE", "off")
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as sst
 
-from edgespec.runtime.kv import ModelRunner
-from edgespec.runtime.sampling import SamplingParams, probabilities, sample
-from edgespec.runtime.sessions import create_session
+from edgespec.runtime.engine.kv import ModelRunner
+from edgespec.runtime.samplers.sampling import SamplingParams, probabilities, sample
+from edgespec.runtime.engine.sessions import create_session
 
 ALPHA = 1e-3
 MIN_EXPECTED = 5.0

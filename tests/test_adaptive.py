@@ -8,11 +8,12 @@ import pytest
 
 from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
 from edgespec.errors import GenerationError
-from edgespec.runtime import Bundle, SpeculativeDecoder, ngram
-from edgespec.runtime import rounds as rounds_module
-from edgespec.runtime.governor import Governor
-from edgespec.runtime.lookup import lookup
-from edgespec.runtime.sampling import SamplingParams, sample
+from edgespec.runtime import Bundle, SpeculativeDecoder
+from edgespec.runtime.round import ngram
+from edgespec.runtime.round import rounds as rounds_module
+from edgespec.runtime.round.governor import Governor
+from edgespec.runtime.samplers.lookup import lookup
+from edgespec.runtime.samplers.sampling import SamplingParams, sample
 
 PROMPTS = ["The quick brown fox. The quick brown", "def add(a, b):\n    return a + b\n\ndef add(",
            "1, 2, 3, 1, 2, 3, 1,", "Once upon a time"]

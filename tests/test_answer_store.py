@@ -1,4 +1,4 @@
-"""The answer store (runtime/answer_store.py): earlier answers draft for later requests, free, beside the
+"""The answer store (runtime/samplers/answer_store.py): earlier answers draft for later requests, free, beside the
 prompt lookup. The structure (hashes, the longest match, draft length following the match, scopes,
 bounded memory with oldest-first eviction), and on the tiny bundles: greedy output still equals `ar`
 (ngram, auto), a second identical request drafts from the store, scopes never share, an interrupted
@@ -13,10 +13,10 @@ import pytest
 from distribution import ALPHA, check_lossless, sample_tokens, verify_without_residual  # tests/ on sys.path
 from edgespec.errors import GenerationError
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime import rounds as rounds_module
-from edgespec.runtime.answer_store import (MAX_STORE_DRAFT, MIN_STORE_BYTES, ORDERS, PROMPT_TAIL, AnswerStore,
+from edgespec.runtime.round import rounds as rounds_module
+from edgespec.runtime.samplers.answer_store import (MAX_STORE_DRAFT, MIN_STORE_BYTES, ORDERS, PROMPT_TAIL, AnswerStore,
                                            check_store_mb, ngram_hashes, scope_key, suffix_hashes)
-from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.samplers.sampling import SamplingParams
 
 PROMPT = "Once upon a time"          # the tiny models' answers to it repeat little of it
 

@@ -15,8 +15,8 @@ from edgespec.profiler import bench as B
 from edgespec.profiler.aggregate import repeat_summary
 from edgespec.profiler.peer_llama import LlamaServerPeer, PeerError, target_gguf
 from edgespec.profiler.settings import FAST_BASELINE
-from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.decoder import SpeculativeDecoder
+from edgespec.runtime.bundle.bundle import Bundle
+from edgespec.runtime.api.decoder import SpeculativeDecoder
 
 
 @pytest.fixture

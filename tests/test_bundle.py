@@ -1,4 +1,4 @@
-"""runtime/bundle.py: loading, validation, hash/corruption/version errors."""
+"""runtime/bundle/bundle.py: loading, validation, hash/corruption/version errors."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import pytest
 
 from edgespec.errors import BundleError
 from edgespec.runtime import Bundle
-from edgespec.runtime import bundle as B
+from edgespec.runtime.bundle import bundle as B
 
 
 def test_load_attributes(tiny_same_bundle):
@@ -139,7 +139,7 @@ def test_onnx_io_matches_manifest(tiny_hetero_bundle):
 
 
 def test_runtime_imports_no_torch():
-    code = ("import sys; import edgespec.runtime, edgespec.runtime.bundle, edgespec.runtime.vocab; "
+    code = ("import sys; import edgespec.runtime, edgespec.runtime.bundle.bundle, edgespec.runtime.bundle.vocab; "
             "bad = [m for m in ('torch', 'transformers', 'optimum') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -147,7 +147,7 @@ def test_runtime_imports_no_torch():
 
 
 def test_affinity_csr_is_checked_once_and_padded():
-    from edgespec.runtime.rdk import Affinity
+    from edgespec.runtime.samplers.rdk import Affinity
     m = Affinity.from_csr(np.array([0.25, 0.75, 1.0], np.float32), np.array([0, 2, 1]), np.array([0, 2, 3]), (2, 3))
     assert m.padded_data.tolist() == [[0.25, 0.75], [1.0, 0.0]] and m.padded_indices.tolist() == [[0, 2], [1, 0]]
     for bad in (dict(indices=np.array([0.0, 2.0, 1.0])),                 # float column ids
@@ -205,7 +205,7 @@ def test_a_remembered_tokenizer_is_parsed_on_first_use(tiny_same_bundle, copy_bu
     import edgespec.hashing as H
     from tokenizers import Tokenizer
     from edgespec.runtime import SpeculativeDecoder
-    from edgespec.runtime.sessions import create_sessions
+    from edgespec.runtime.engine.sessions import create_sessions
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(H, "_SETTLED_NS", 0)
@@ -228,7 +228,7 @@ def test_a_remembered_tokenizer_is_parsed_on_first_use(tiny_same_bundle, copy_bu
 
 
 def test_sessions_fail_before_beside(tiny_same_bundle, tmp_path):
-    from edgespec.runtime.sessions import create_sessions
+    from edgespec.runtime.engine.sessions import create_sessions
 
     bad = tmp_path / "model.onnx"
     bad.write_bytes(b"not a graph")

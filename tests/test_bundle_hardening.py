@@ -21,7 +21,7 @@ from edgespec.errors import BundleError, CalibrationError, EdgespecError
 from edgespec.export import bundle_writer as BW
 from edgespec.export import workdirs as WD
 from edgespec.runtime import Bundle
-from edgespec.runtime import bundle as B
+from edgespec.runtime.bundle import bundle as B
 
 RAW = str(Path(__file__).resolve().parent / "tinymodels.py")
 

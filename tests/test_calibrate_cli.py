@@ -27,7 +27,7 @@ def _outputs(out: Path) -> dict:
 def test_raw_source_writes_vocab_priors_and_curve(tmp_path, tiny_models):
     from edgespec.calibrate.select import always_kept, coverage_of
     from edgespec.export.kept_vocab import load_vocab_file
-    from edgespec.runtime.vocab import tokenizer_info
+    from edgespec.runtime.bundle.vocab import tokenizer_info
 
     a, b = tiny_models["tiny-bl-a"], tiny_models["tiny-bl-b"]
     out = tmp_path / "raw.json"
@@ -62,7 +62,7 @@ def test_raw_source_writes_vocab_priors_and_curve(tmp_path, tiny_models):
 
 
 def test_generated_sources_through_a_bundle_are_deterministic(tmp_path, tiny_same_bundle):
-    from edgespec.runtime.rdk import Affinity
+    from edgespec.runtime.samplers.rdk import Affinity
 
     def once(name):
         out = tmp_path / name / "v.json"
@@ -95,7 +95,7 @@ def test_generated_sources_through_a_bundle_are_deterministic(tmp_path, tiny_sam
 
 
 def test_heterogeneous_pair_maps_counts_and_aligns_positions(tmp_path, tiny_hetero_bundle):
-    from edgespec.runtime.rdk import Affinity
+    from edgespec.runtime.samplers.rdk import Affinity
 
     import tinymodels
 
@@ -336,7 +336,7 @@ def test_target_bundle_generates_the_target_text_without_torch(tmp_path, tiny_mo
     assert src["engine"] == "BundleGenerator" and src["bundle"] == str(target_only_bundle)
     assert 0 < src["tokens"] <= 40 and len(doc["kept_ids"]) == 200
     from edgespec.export.kept_vocab import load_vocab_file
-    from edgespec.runtime.vocab import tokenizer_info
+    from edgespec.runtime.bundle.vocab import tokenizer_info
 
     d = tokenizer_info(tiny_models["tiny-bl-b"])
     assert load_vocab_file(out, d.vocab_hash, doc["tokenizer"]["vocab_size"], d.special_ids).ids.size == 200

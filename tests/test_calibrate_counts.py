@@ -153,7 +153,7 @@ def test_max_tokens_budget_stops_between_files(tmp_path, toks):
 
 def test_map_counts_between_vocabularies(toks):
     """Target counts onto the drafter: through the string map, else re-tokenised with the count split."""
-    from edgespec.runtime.vocab import build_maps
+    from edgespec.runtime.bundle.vocab import build_maps
 
     bl, sp = toks["bytelevel"], toks["spiece"]
     d2t, t2d = build_maps(bl, sp)
@@ -169,7 +169,7 @@ def test_map_counts_between_vocabularies(toks):
     one = np.zeros_like(src)
     one[has] = 4
     assert ct.map_counts(one, t2d, bl, sp, d2t.size).counts[t2d[has]] == 4
-    from edgespec.runtime.vocab import token_table
+    from edgespec.runtime.bundle.vocab import token_table
 
     table = token_table(bl)
     lone = next(i for i in range(t2d.size) if t2d[i] < 0 and table.keys[i] and not table.keys[i].startswith(b"special:")

@@ -125,7 +125,7 @@ def test_sparse_accumulator_sums_and_prunes_rows():
 
 
 def test_saved_affinity_loads_in_the_runtime(tmp_path):
-    from edgespec.runtime.rdk import Affinity, rdk_distribution
+    from edgespec.runtime.samplers.rdk import Affinity, rdk_distribution
 
     rng = np.random.default_rng(3)
     p, q, index_map = _synthetic(rng)

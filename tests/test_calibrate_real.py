@@ -13,8 +13,8 @@ pytestmark = pytest.mark.real
 
 
 def test_three_sources_through_the_smollm_bundle(tmp_path, smollm_self_bundle):
-    from edgespec.runtime.rdk import Affinity
-    from edgespec.runtime.vocab import vocab_hash
+    from edgespec.runtime.samplers.rdk import Affinity
+    from edgespec.runtime.bundle.vocab import vocab_hash
 
     stdlib_json = Path(json.__file__).parent
     out = tmp_path / "v.json"

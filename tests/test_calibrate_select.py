@@ -93,7 +93,7 @@ def test_heldout_curve_uses_calibration_ranking():
 
 
 def test_vocab_document_and_wrong_tokenizer(tmp_path, tiny_tokenizers):
-    from edgespec.runtime.vocab import vocab_hash
+    from edgespec.runtime.bundle.vocab import vocab_hash
 
     bl, sp = tiny_tokenizers["bytelevel"], tiny_tokenizers["spiece"]
     s = sel.select(COUNTS, "keep", 4, always=[0])

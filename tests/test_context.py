@@ -1,10 +1,10 @@
-"""The heterogeneous drafter context (runtime/context.py) on the tiny hetero bundle: byte-level BPE
+"""The heterogeneous drafter context (runtime/round/context.py) on the tiny hetero bundle: byte-level BPE
 target (no BOS), SentencePiece-style drafter (▁, <0xNN> byte fallback, adds <s>)."""
 import pytest
 
 from edgespec.runtime import Bundle
-from edgespec.runtime.context import HeteroContext
-from edgespec.runtime.vocab import token_table
+from edgespec.runtime.round.context import HeteroContext
+from edgespec.runtime.bundle.vocab import token_table
 
 TEXTS = ["Naïve café owners in Zürich", "日本語のテキスト 🙂🚀", "def f(x):\n    return x  # ok", " leading space",
          "<|im_start|>user\nhi<|im_end|>"]

@@ -53,7 +53,7 @@ def test_sd_equals_tli_on_same_tokenizer(bundles, ar_outputs):
 
 
 def test_hetero_drafter_context_is_resynced(bundles):
-    from edgespec.runtime.vocab import token_table
+    from edgespec.runtime.bundle.vocab import token_table
 
     b = bundles["hetero"]
     dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1)

@@ -19,8 +19,8 @@ from edgespec.help_all import add_help_all, expert_flags
 from edgespec.profiler.cli import bench_settings
 from edgespec.runtime import SpeculativeDecoder
 from edgespec.runtime.arguments import DEFAULTS, decoder_settings
-from edgespec.runtime.config import SESSION_OPTIONS, DecodeConfig, check_decoder_settings
-from edgespec.runtime.strategies import get_strategy
+from edgespec.runtime.api.config import SESSION_OPTIONS, DecodeConfig, check_decoder_settings
+from edgespec.runtime.round.strategies import get_strategy
 
 MINIMAL = {"generate": ["--bundle", "B", "--prompt", "p"], "chat": ["--bundle", "B"], "serve": ["--bundle", "B"],
            "bench": ["--bundle", "B", "--report", "R"]}

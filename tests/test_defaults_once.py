@@ -18,7 +18,7 @@ ONCE = [("max_new_tokens", {"max_new_tokens"}, 128),
 # a command line and the settings it fills: no default written in both
 PAIRS = [("profiler/cli.py", ("profiler/settings.py",)),
          ("serve/cli.py", ("serve/settings.py", "serve/worker.py")),
-         ("runtime/cli.py", ("runtime/decoder.py", "runtime/config.py", "runtime/arguments.py"))]
+         ("runtime/cli.py", ("runtime/api/decoder.py", "runtime/api/config.py", "runtime/arguments.py"))]
 
 
 def literal_defaults(source: str) -> list[tuple[str, object, int]]:
@@ -83,10 +83,10 @@ def test_the_scan_finds_a_second_copy():
 
 def _resolve_auto(max_draft_length: int, plan_gamma_max: int) -> int | None:
     """The bound an `auto` decoder's step plan (records.step_plan) puts on its drafter rounds."""
-    from edgespec.runtime.config import DecodeConfig
-    from edgespec.runtime.plan import Plan
-    from edgespec.runtime.records import step_plan
-    from edgespec.runtime.strategies import get_strategy
+    from edgespec.runtime.api.config import DecodeConfig
+    from edgespec.runtime.planning.plan import Plan
+    from edgespec.runtime.planning.records import step_plan
+    from edgespec.runtime.round.strategies import get_strategy
 
     plan = Plan("model", 1, drafter=True, gamma_max=plan_gamma_max, free_guess=False, source="profile")
     config = DecodeConfig(strategy=get_strategy("tli"), draft_length="auto", max_draft_length=max_draft_length)
@@ -94,7 +94,7 @@ def _resolve_auto(max_draft_length: int, plan_gamma_max: int) -> int | None:
 
 
 def test_max_draft_length_above_the_plans_cap_is_honoured():
-    from edgespec.runtime.plan import MAX_GAMMA
+    from edgespec.runtime.planning.plan import MAX_GAMMA
 
     assert _resolve_auto(MAX_GAMMA + 4, plan_gamma_max=3) == MAX_GAMMA + 4     # the caller's, not the plan's
     assert _resolve_auto(MAX_GAMMA, plan_gamma_max=3) == 3                     # the default: the plan's range

@@ -1,10 +1,10 @@
 """SpeculativeDecoder(defer_drafter=True), the CPU default: the drafter's session is built at the first
-drafting round (runtime/kv.py DeferredRunner), after the first token, and the tokens do not change."""
+drafting round (runtime/engine/kv.py DeferredRunner), after the first token, and the tokens do not change."""
 import pytest
 
 from edgespec.runtime import SpeculativeDecoder
-from edgespec.runtime.kv import DeferredRunner, ModelRunner
-from edgespec.runtime.sessions import is_cpu_only
+from edgespec.runtime.engine.kv import DeferredRunner, ModelRunner
+from edgespec.runtime.engine.sessions import is_cpu_only
 
 PROMPT = "the quick brown fox"
 

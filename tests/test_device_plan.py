@@ -1,12 +1,12 @@
-"""The plan (runtime/plan.py) from injected device profiles: a batch-invariant CPU, one like the 2-core AVX2
+"""The plan (runtime/planning/plan.py) from injected device profiles: a batch-invariant CPU, one like the 2-core AVX2
 EPYC without VNNI of 2026-11-27 (padded-attention graph inexact, a 2-token forward 1.23x a 1-token step,
 a drafter step 0.30x, 1-token steps not exact), one where only 1-token steps are exact, and a more
 compute-bound one where the drafter never pays."""
 import pytest
 
-from edgespec.runtime.device_profile import DeviceProfile, GraphProfile
-from edgespec.runtime.plan import DRAFTER_MARGIN, LOOKUP_PRIOR, PRIOR_ACCEPTANCE, export_plan, make_plan, tau
-from edgespec.runtime.strategies import choose_auto
+from edgespec.runtime.planning.device_profile import DeviceProfile, GraphProfile
+from edgespec.runtime.planning.plan import DRAFTER_MARGIN, LOOKUP_PRIOR, PRIOR_ACCEPTANCE, export_plan, make_plan, tau
+from edgespec.runtime.round.strategies import choose_auto
 
 
 def curve(step: float, ratios) -> list[float]:
@@ -150,14 +150,14 @@ class _Bundle:
 def book(planning, reached: int, accepted: int) -> None:
     """One generation's record whose drafter rounds reached `reached` draft positions (up to each round's
     first rejection) and had `accepted` of them accepted."""
-    from edgespec.runtime.records import GenerationRecord
-    from edgespec.runtime.stats import GenerationStats
+    from edgespec.runtime.planning.records import GenerationRecord
+    from edgespec.runtime.api.stats import GenerationStats
     planning.after_generation(GenerationRecord(GenerationStats(), [], [], drafter_reached=reached,
                                                drafter_accepted=accepted), None)
 
 
 def test_a_decoder_replans_on_its_drafters_lifetime_acceptance_and_reprobes_it():
-    from edgespec.runtime.device_plan import MIN_REACHED, REPROBE_EVERY, DevicePlanning
+    from edgespec.runtime.planning.device_plan import MIN_REACHED, REPROBE_EVERY, DevicePlanning
     profile = epyc_like()
     planning = DevicePlanning(None, 2, "cpu", profile, make_plan(profile), measure=False)
     assert planning.current().drafter and planning.acceptance() is None      # the prior
@@ -177,8 +177,8 @@ def test_a_running_drafter_stops_only_where_it_does_not_pay_on_paper():
     """Hysteresis: on the EPYC-like profile acceptance 0.6 is 1.05x unpadded plain steps on paper, under
     DRAFTER_MARGIN (a drafter does not start there) and over KEEP_MARGIN (one that runs keeps running);
     0.4 is 0.92x (it stops)."""
-    from edgespec.runtime.device_plan import MIN_REACHED, DevicePlanning
-    from edgespec.runtime.plan import KEEP_MARGIN
+    from edgespec.runtime.planning.device_plan import MIN_REACHED, DevicePlanning
+    from edgespec.runtime.planning.plan import KEEP_MARGIN
     p = epyc_like()
     assert KEEP_MARGIN < DRAFTER_MARGIN
     assert not make_plan(p, acceptance=0.6).drafter and make_plan(p, acceptance=0.6, margin=KEEP_MARGIN).drafter
@@ -201,7 +201,7 @@ def test_a_running_drafter_stops_only_where_it_does_not_pay_on_paper():
 def test_the_gamma_range_is_never_narrower_than_at_the_prior():
     """The Xeon's idle profile (2026-11-27): at the calib split's lifetime acceptance 0.5 gamma 1 is best
     on paper, but the range stays the prior's (1..3): the governor finds longer drafts per prompt."""
-    from edgespec.runtime.plan import KEEP_MARGIN, gamma_range
+    from edgespec.runtime.planning.plan import KEEP_MARGIN, gamma_range
     cost = [55.8, 65.5, 81.4, 88.4, 102.9, 113.4, 129.0, 140.2, 148.8]
     p = profile({"padded_attention": exact(cost)}, 12.7)
     assert gamma_range(cost, 12.7, 0.5) == 1 < gamma_range(cost, 12.7, PRIOR_ACCEPTANCE)
@@ -215,8 +215,8 @@ def test_the_drafters_fill_counts_against_it():
     EPYC-like profile a running drafter at acceptance 0.6 keeps running without it (1.05x unpadded steps
     on paper) and stops at 7 ms a token (0.98x); on the Xeon's idle profile (its fill 1.6 ms a token,
     2026-11-27) one at the calib split's lifetime acceptance 0.5 keeps running (1.04x)."""
-    from edgespec.runtime.device_plan import DevicePlanning
-    from edgespec.runtime.plan import KEEP_MARGIN, round_rate
+    from edgespec.runtime.planning.device_plan import DevicePlanning
+    from edgespec.runtime.planning.plan import KEEP_MARGIN, round_rate
     p = epyc_like()
     assert make_plan(p, acceptance=0.6, margin=KEEP_MARGIN).drafter
     assert not make_plan(p, acceptance=0.6, margin=KEEP_MARGIN, fill_ms=7.0).drafter
@@ -236,7 +236,7 @@ def test_the_lookup_guess_record_of_an_output():
     but 7 came (a step). Every output token after the first is committed by exactly one step."""
     import numpy as np
 
-    from edgespec.runtime.lookup import guess_record
+    from edgespec.runtime.samplers.lookup import guess_record
     assert guess_record([1, 2, 3, 4, 5], [9, 1, 2, 3, 7]) == (3, 1)
     assert guess_record([1, 2], [3]) == (0, 0)
     rng = np.random.default_rng(0)
@@ -250,9 +250,9 @@ def test_the_lookup_guess_record_of_an_output():
 def test_a_short_first_generation_does_not_stop_the_drafter():
     """A benchmark's warm-up (8 tokens, a 140 ms window fill: 18 ms a token) once switched the drafter off
     for a decoder's life; the fill counts only over MIN_FILL_TOKENS tokens of drafter generations."""
-    from edgespec.runtime.device_plan import MIN_FILL_TOKENS, DevicePlanning
-    from edgespec.runtime.records import GenerationRecord
-    from edgespec.runtime.stats import GenerationStats
+    from edgespec.runtime.planning.device_plan import MIN_FILL_TOKENS, DevicePlanning
+    from edgespec.runtime.planning.records import GenerationRecord
+    from edgespec.runtime.api.stats import GenerationStats
     p = profile({"padded_attention": exact([55.8, 65.5, 81.4, 88.4, 102.9, 113.4, 129.0, 140.2, 148.8])}, 12.7)
     planning = DevicePlanning(None, 2, "cpu", p, make_plan(p), measure=False)
     short = GenerationStats(new_tokens=9, prefill_tokens=1, draft_forwards=5, draft_prefill_ms=140.0)

@@ -1,5 +1,5 @@
-"""The device profile (runtime/device_profile.py) measured on the tiny builder int4 pair, its cache, and the
-decoder's use of it (runtime/device_plan.py): keyed by bundle, ORT, CPU and threads; a damaged one is
+"""The device profile (runtime/planning/device_profile.py) measured on the tiny builder int4 pair, its cache, and the
+decoder's use of it (runtime/planning/device_plan.py): keyed by bundle, ORT, CPU and threads; a damaged one is
 measured again, saying so; a plan from it decides the graph, the drafter and gamma, losslessly."""
 import dataclasses
 import json
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime import device_profile as dp
-from edgespec.runtime.device_plan import _join_running
+from edgespec.runtime.planning import device_profile as dp
+from edgespec.runtime.planning.device_plan import _join_running
 
 PROMPT = "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, item):"
 
@@ -42,8 +42,8 @@ def test_measured_once_then_read(bundle, home):
 def test_the_probe_sees_what_the_runtime_pads(bundle):
     """model.onnx pads 1-token steps because they differ from wider forwards (the export measured 2e-6):
     the probe, on a runner that does not pad, finds that; its 2+-token forwards agree."""
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import create_session
 
     runner = ModelRunner(create_session(bundle.target.onnx, "cpu", threads=1)[0], "target", exact=False)
     g = dp.probe_graph(runner, dp.probe_ids(bundle, dp.PREFIX + dp.TAIL))
@@ -103,13 +103,13 @@ def test_a_plan_without_the_drafter_never_builds_it_and_equals_ar(bundle, home, 
     res = dec.generate(PROMPT, max_new_tokens=30)
     assert res.token_ids == want and res.stats.strategy == "ngram"
     assert dec.drafter.pending                              # never built
-    # alone, the target's threads keep spinning between steps, as `ar`'s do (runtime/sessions.py)
+    # alone, the target's threads keep spinning between steps, as `ar`'s do (runtime/engine/sessions.py)
     assert _spin_stops(monkeypatch, bundle) is False and _spin_stops(monkeypatch, bundle, "tli") is True
 
 
 def _spin_stops(monkeypatch, bundle, strategy="auto") -> bool:
     """Whether a new decoder's target session stops its threads spinning after each run."""
-    from edgespec.runtime import build as build_module
+    from edgespec.runtime.api import build as build_module
     made, real = [], build_module.create_sessions
     monkeypatch.setattr(build_module, "create_sessions", lambda requests, **kw: made.extend(requests) or
                         real(requests, **kw))
@@ -208,7 +208,7 @@ def test_measured_after_the_first_generation_not_before(bundle, home, monkeypatc
 def test_a_profile_measured_on_a_busy_cpu_is_measured_again_once(bundle, home, monkeypatch, capsys):
     """A cached profile 5x slower than this machine's forwards (as one measured while other jobs ran): the
     decoder's own timed forwards give it away, and it is measured again, once, with one line."""
-    from edgespec.runtime.device_plan import LIVE_SAMPLES
+    from edgespec.runtime.planning.device_plan import LIVE_SAMPLES
     monkeypatch.setenv(dp.MODE_ENV, "auto")
     profile, _ = dp.ensure_profile(bundle, threads=1)
     busy = {name: dataclasses.replace(g, cost_ms=[5 * c for c in g.cost_ms]) for name, g in profile.graphs.items()}
@@ -280,7 +280,7 @@ def test_probe_ids_are_the_targets_tokens(bundle):
 def test_model_steps_beside_a_prefill_graph_that_pads_attention(bundle, home):
     """The prefill graph is made from the padded-attention graph (one pad row); a plan on model.onnx (none)
     still prefills long prompts on it: each forward feeds its own session's mask. Greedy output = ar's."""
-    from edgespec.runtime.kv import PREFILL_GRAPH_TOKENS
+    from edgespec.runtime.engine.kv import PREFILL_GRAPH_TOKENS
     profile, _ = dp.ensure_profile(bundle, threads=1)
     bad = dp.GraphProfile(measured=True, one_token_exact=False, wide_exact=False, one_token_max_abs_diff=0.58,
                           wide_max_abs_diff=0.58, cost_ms=profile.graphs["padded_attention"].cost_ms)
@@ -290,7 +290,7 @@ def test_model_steps_beside_a_prefill_graph_that_pads_attention(bundle, home):
     for kv in ("auto", "copy"):
         dec = SpeculativeDecoder(bundle, threads=1, prefill_graph=True)
         if kv == "copy":                                     # the copying layout, same sessions
-            from edgespec.runtime.kv import ModelRunner
+            from edgespec.runtime.engine.kv import ModelRunner
             t = dec.target
             dec.shared.target = ModelRunner(t.session, "target", t.max_position, kv="copy",
                                              prefill_session=t.prefill_session)

@@ -9,8 +9,8 @@ import pytest
 
 from distribution import ALPHA, check_lossless, sample_tokens, verify_without_residual  # tests/ is on sys.path (conftest.py)
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime import rounds as rounds_module
-from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.round import rounds as rounds_module
+from edgespec.runtime.samplers.sampling import SamplingParams
 
 PROMPT = "The quick brown"
 N = 2000

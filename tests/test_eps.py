@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.errors import EPError
 from edgespec.runtime import SpeculativeDecoder
-from edgespec.runtime.sessions import create_session, resolve_providers, session_options
+from edgespec.runtime.engine.sessions import create_session, resolve_providers, session_options
 
 
 def test_resolve_names_aliases_and_lists():
@@ -52,7 +52,7 @@ def test_inactive_cuda_raises_naming_what_is_active(tiny_self_bundle):
 def test_cuda_load_noise_is_hidden(tiny_self_bundle):
     """ORT logs the failed CUDA library load only on the first attempt in a process: use a fresh one."""
     _session_or_skip(tiny_self_bundle / "target" / "model.onnx", "cuda")
-    code = ("from edgespec.runtime.sessions import create_session\n"
+    code = ("from edgespec.runtime.engine.sessions import create_session\n"
             "try:\n    create_session(%r, 'cuda', threads=1)\nexcept Exception as e:\n    print(type(e).__name__)\n"
             % str(tiny_self_bundle / "target" / "model.onnx"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -90,7 +90,7 @@ def test_unknown_ep_in_decoder(tiny_self_bundle):
 
 
 def test_thread_options():
-    from edgespec.runtime.sessions import allowed_cores
+    from edgespec.runtime.engine.sessions import allowed_cores
 
     if allowed_cores() < 2:
         pytest.skip("one allowed core: 2 threads are capped to 1, which sets no spinning options")
@@ -127,7 +127,7 @@ def test_bad_threads_in_the_decoder(tiny_self_bundle, kw):
 def test_good_threads():
     import numpy as np
 
-    from edgespec.runtime.sessions import allowed_cores
+    from edgespec.runtime.engine.sessions import allowed_cores
 
     assert session_options(np.int64(1)).intra_op_num_threads == 1
     assert session_options(np.int64(3)).intra_op_num_threads == min(3, allowed_cores())    # capped to the cores
@@ -168,7 +168,7 @@ def test_pair_sessions_build_together_and_report_the_failing_one(tiny_same_bundl
     """create_sessions: the CPU pair is built concurrently, in request order, with the same errors as
     create_session (the failing request's role in a one-line message)."""
     from edgespec.errors import BundleError
-    from edgespec.runtime.sessions import create_sessions
+    from edgespec.runtime.engine.sessions import create_sessions
 
     good = tiny_same_bundle / "target" / "model.onnx"
     bad = tmp_path / "model.onnx"

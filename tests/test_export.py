@@ -18,8 +18,8 @@ from edgespec.export import onnx_export as OX
 from edgespec.export import graph_info as GI
 from edgespec.export import prune as PR
 from edgespec.runtime import Bundle
-from edgespec.runtime.kv import default_feeds
-from edgespec.runtime.vocab import vocab_hash
+from edgespec.runtime.engine.kv import default_feeds
+from edgespec.runtime.bundle.vocab import vocab_hash
 
 
 def _ort_logits(path, ids, prefill=None):

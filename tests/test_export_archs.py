@@ -23,7 +23,7 @@ from edgespec.export.bundle_writer import export_bundle
 from edgespec.export.onnx_export import ort_session
 from edgespec.models import model_recipes
 from edgespec.runtime import SpeculativeDecoder
-from edgespec.runtime.kv import ModelRunner
+from edgespec.runtime.engine.kv import ModelRunner
 
 pytest.importorskip("onnxruntime_genai")
 

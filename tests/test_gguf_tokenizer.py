@@ -26,7 +26,7 @@ from edgespec.models import get_model  # noqa: E402
 from edgespec.models import gguf_tokenizer as gt  # noqa: E402
 from edgespec.models import tokenizer_reference as ref  # noqa: E402
 from edgespec.models.weights import assemble_gguf, local_gguf  # noqa: E402
-from edgespec.runtime.bundle import TOKENIZER_FIXED_IN, Bundle, stale_gguf_tokenizer  # noqa: E402
+from edgespec.runtime.bundle.bundle import TOKENIZER_FIXED_IN, Bundle, stale_gguf_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = ROOT / "tests" / "data" / "smollm2_reference_ids.json"
@@ -174,7 +174,7 @@ def test_smollm2_ids_are_llama_cpps(smollm_vocab):
 
 @pytest.mark.real
 def test_smollm2_special_tokens_are_llama_cpps(smollm_gguf, smollm_vocab, tmp_path):
-    from edgespec.runtime.vocab import tokenizer_info
+    from edgespec.runtime.bundle.vocab import tokenizer_info
 
     sp = gt.special_tokens(smollm_vocab)
     # llama.cpp: bos/eos/pad from the GGUF; EOG = eos + <|endoftext|> by text + <reponame> as FIM repo

@@ -1,6 +1,6 @@
 """The GPU execution provider's soundness, checked without a GPU (benchmarks/gpu_check.py runs the same
 code on one): the KV-layout decision fed with node placements, ORT's placement read on the CPU EP, the
-device probes of runtime/probes.py on runners whose kernels are made to misbehave, and `export --ep cuda`."""
+device probes of runtime/engine/probes.py on runners whose kernels are made to misbehave, and `export --ep cuda`."""
 import json
 import warnings
 
@@ -9,11 +9,11 @@ import pytest
 
 from edgespec.cli import main
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime.kv import KV_KEY, ModelRunner
-from edgespec.runtime.kv_shared import SharedLayout
-from edgespec.runtime.placement import CPU, RECORD_KEY, PlacedNode, kv_placement, read_placement
-from edgespec.runtime.probes import check_device_session, one_token_steps_exact, shared_layout_diff
-from edgespec.runtime.sessions import create_session
+from edgespec.runtime.engine.kv import KV_KEY, ModelRunner
+from edgespec.runtime.engine.kv_shared import SharedLayout
+from edgespec.runtime.engine.placement import CPU, RECORD_KEY, PlacedNode, kv_placement, read_placement
+from edgespec.runtime.engine.probes import check_device_session, one_token_steps_exact, shared_layout_diff
+from edgespec.runtime.engine.sessions import create_session
 
 CUDA = "CUDAExecutionProvider"
 

@@ -1,4 +1,4 @@
-"""Constrained decoding (runtime/grammar.py, docs/structured-output.md) on the tiny bundles: the output
+"""Constrained decoding (runtime/samplers/grammar.py, docs/structured-output.md) on the tiny bundles: the output
 obeys the grammar; greedy speculative output equals greedy constrained `ar` token for token for every
 strategy (same, self and heterogeneous pairs, with and without the grammar's forced tokens as drafts);
 bad constraints are one-line errors before any model runs."""

@@ -11,9 +11,9 @@ import pytest
 
 from distribution import ALPHA, TargetOracle, check_lossless, sample_tokens  # tests/ is on sys.path
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime import generation as generation_module
-from edgespec.runtime.grammar import GrammarTokenizer, constraint_from, mask_logits
-from edgespec.runtime.sampling import SamplingParams, probabilities
+from edgespec.runtime.api import generation as generation_module
+from edgespec.runtime.samplers.grammar import GrammarTokenizer, constraint_from, mask_logits
+from edgespec.runtime.samplers.sampling import SamplingParams, probabilities
 
 pytest.importorskip("llguidance")
 

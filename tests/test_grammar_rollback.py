@@ -1,4 +1,4 @@
-"""Constrained speculation that is exact and never dies (runtime/grammar.py, docs/structured-output.md):
+"""Constrained speculation that is exact and never dies (runtime/samplers/grammar.py, docs/structured-output.md):
 - llguidance's `rollback` can leave a wrong mask behind. The sequence, with llguidance alone: JSON
   schema `{}`, consume `{"a":`, then ` ["` and `x` with a mask computed between them, `rollback(2)`,
   consume ` {"`: the next mask allows `"],` and forbids `":`. GrammarState never rolls back (the drafts
@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from edgespec.errors import GenerationError
 from edgespec.runtime import SpeculativeDecoder
-from edgespec.runtime.grammar import MAX_ERROR, GrammarTokenizer, constraint_from
+from edgespec.runtime.samplers.grammar import MAX_ERROR, GrammarTokenizer, constraint_from
 from test_rdk import bundle_with_priors  # tests/ is on sys.path (conftest.py)
 
 llguidance = pytest.importorskip("llguidance")
@@ -89,7 +89,7 @@ def test_llguidance_rollback_sequence(replay):
     rolled = _mask(_rolled_back(gt, ids), gt.width)
     if (rolled == right).all():
         pytest.skip(f"llguidance {llguidance.__version__} gets the mask after rollback right: the deep_copy "
-                    "workaround in runtime/grammar.py can go")
+                    "workaround in runtime/samplers/grammar.py can go")
     assert rolled[ids['"],']] and not rolled[ids['":']]
 
 

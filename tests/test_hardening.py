@@ -106,7 +106,7 @@ def test_errors_are_one_line_edgespec_errors(dec):
     ("hi", "{{ raise_exception('nope') }}", "nope"),
 ])
 def test_bad_chat_input(dec, messages, template, match):
-    from edgespec.runtime.chat import as_messages, render_chat
+    from edgespec.runtime.bundle.chat import as_messages, render_chat
 
     with pytest.raises(GenerationError, match=match) as info:
         render_chat(template or "{{ messages[0]['content'] }}", as_messages(messages))

@@ -118,7 +118,7 @@ def test_markers_parse_with_the_packaging_pip_uses():
 def test_the_serve_extra_brings_the_grammar_engine():
     """`pip install "edgespec[serve]"` serves response_format and tools (README): llguidance comes with it,
     at the [grammar] extra's range, and the runtime's missing-engine message names [serve]."""
-    from edgespec.runtime.grammar import INSTALL
+    from edgespec.runtime.samplers.grammar import INSTALL
     extras = _project()["optional-dependencies"]
     serve = {r.name: r for r in map(Requirement, extras["serve"])}
     grammar = {r.name: r for r in map(Requirement, extras["grammar"])}

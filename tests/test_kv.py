@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime.kv import ModelRunner
-from edgespec.runtime.sessions import create_session
+from edgespec.runtime.engine.kv import ModelRunner
+from edgespec.runtime.engine.sessions import create_session
 
 TEXT = "def quicksort(items):\n    pivot = items[len(items) // 2]\n    return quicksort(left) + middle"
 
@@ -62,7 +62,7 @@ def test_decoder_never_reruns_the_prefix(tiny_same_bundle):
 def test_shared_buffer_equals_copying_cache(tiny_same_bundle, side, monkeypatch):
     """The builder graph's KV buffer, bound once and shared by past and present (crop = a length change,
     growth by doubling), gives bitwise the logits of the copying path through plain session.run."""
-    import edgespec.runtime.kv_shared as kv
+    import edgespec.runtime.engine.kv_shared as kv
 
     monkeypatch.setattr(kv, "CAPACITY_STEP", 8)        # grow several times within the sequence
     b, shared = _runner(tiny_same_bundle, side)

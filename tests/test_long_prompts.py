@@ -9,8 +9,8 @@ import pytest
 
 from edgespec.export.last_logits import LOGITS_TO_KEEP, strip_logits_to_keep
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime.kv import ModelRunner
-from edgespec.runtime.prefix import common_prefix
+from edgespec.runtime.engine.kv import ModelRunner
+from edgespec.runtime.engine.prefix import common_prefix
 
 LONG = ("def quicksort(items):\n    if len(items) <= 1:\n        return list(items)\n    pivot = items[0]\n"
         "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. " * 2)

@@ -58,8 +58,8 @@ def test_real_hetero_drafter_context_is_byte_exact(pair):
     """Cheap (tokenizers only, no ONNX session): the drafter context spells the committed text exactly,
     token by token, including multi-byte characters split across Qwen's byte-level tokens, Gemma's ▁
     and <0xNN> byte fallback, and both drafters' BOS."""
-    from edgespec.runtime.context import HeteroContext
-    from edgespec.runtime.vocab import token_table
+    from edgespec.runtime.round.context import HeteroContext
+    from edgespec.runtime.bundle.vocab import token_table
 
     path = _bundle(pair)
     if path is None:

@@ -26,8 +26,8 @@ def _load(pair):
 def test_slem_proposals_spell_the_drafted_text(pair):
     """Tokenizers only: Qwen's re-tokenisation of the drafter's tokens continues the committed text
     byte for byte, at every split point of the test texts."""
-    from edgespec.runtime.slem import SlemTranslator
-    from edgespec.runtime.vocab import token_table
+    from edgespec.runtime.round.slem import SlemTranslator
+    from edgespec.runtime.bundle.vocab import token_table
 
     b = _load(pair)
     tr = SlemTranslator(b.target.tokenizer, b.drafter.tokenizer, b.drafter_to_target,

@@ -1,4 +1,4 @@
-"""The padded-attention graph (export/padded_attention.py, runtime/kv.py `pad_rows`): exact 1-token steps
+"""The padded-attention graph (export/padded_attention.py, runtime/engine/kv.py `pad_rows`): exact 1-token steps
 without padding the whole forward. A tiny builder int4 pair whose 1-token forwards differ from wider ones
 by 2e-6 (GroupQueryAttention's 1-query path): exported with the batch-invariance tolerance at 0, so the
 export asks for padded steps. The export writes the padded-attention graph whatever its check finds (on an
@@ -15,8 +15,8 @@ from distribution import ALPHA, check_lossless  # tests/ is on sys.path (conftes
 from edgespec.errors import BundleError
 from edgespec.export.padded_attention import PADDED_GRAPH, check_padded_graph
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime.kv import MIN_TOKENS_KEY, PAD_ROWS_KEY, ModelRunner
-from edgespec.runtime.sessions import create_session
+from edgespec.runtime.engine.kv import MIN_TOKENS_KEY, PAD_ROWS_KEY, ModelRunner
+from edgespec.runtime.engine.sessions import create_session
 
 PROMPT = "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, item):"
 
@@ -131,7 +131,7 @@ def test_greedy_speculation_on_it_equals_ar_and_the_padded_graph(padded_bundle, 
 def test_plain_steps_guess_where_the_governor_says_it_pays(padded_bundle, monkeypatch, padded_exact_here):
     """1-token steps are not padded on this graph, so a guess widens the forward: the governor decides (at
     first it guesses); with a fixed draft length nothing guesses. Either way the output is ar's."""
-    from edgespec.runtime import governor
+    from edgespec.runtime.round import governor
     monkeypatch.setattr(governor.Governor, "choose", lambda self, limit: 0)   # every round a plain step
     dec = SpeculativeDecoder(padded_bundle, strategy="tli", draft_length="auto", threads=1)
     prompt = PROMPT * 3

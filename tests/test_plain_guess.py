@@ -1,4 +1,4 @@
-"""A plain step's lookup guess (runtime/rounds.py `plain_step`, `plain_guess`): where the target pads a
+"""A plain step's lookup guess (runtime/round/rounds.py `plain_step`, `plain_guess`): where the target pads a
 1-token step to 2 (int8-activation graphs), the pad position carries a prompt-lookup guess. Greedy output
 stays identical to `ar`, sampling keeps the target's distribution (with a negative control), and it is
 off wherever there is no pad to fill. Tiny int4 bundle (min_forward_tokens 2)."""
@@ -8,10 +8,10 @@ import pytest
 from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
 from edgespec.errors import GenerationError
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime import governor as governor_module
-from edgespec.runtime import rounds as rounds_module
-from edgespec.runtime.governor import PROBE_UP, Governor
-from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.round import governor as governor_module
+from edgespec.runtime.round import rounds as rounds_module
+from edgespec.runtime.round.governor import PROBE_UP, Governor
+from edgespec.runtime.samplers.sampling import SamplingParams
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add("
 

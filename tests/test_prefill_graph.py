@@ -1,4 +1,4 @@
-"""The target's prefill graph (export/prefill_graph.py, runtime/kv.py): written for int8-compute
+"""The target's prefill graph (export/prefill_graph.py, runtime/engine/kv.py): written for int8-compute
 graphs, run for long forwards only, greedy speculation still identical to greedy `ar`, and one-line
 errors where it is missing or cannot run. Tiny int4 bundle from the tiny fixtures' export cache."""
 import json
@@ -11,9 +11,9 @@ import pytest
 from edgespec.errors import BundleError, GenerationError
 from edgespec.export.prefill_graph import PREFILL_GRAPH
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime.checks import MAX_DRAFT_LENGTH
-from edgespec.runtime.kv import PREFILL_GRAPH_TOKENS, ModelRunner
-from edgespec.runtime.sessions import create_session
+from edgespec.runtime.api.checks import MAX_DRAFT_LENGTH
+from edgespec.runtime.engine.kv import PREFILL_GRAPH_TOKENS, ModelRunner
+from edgespec.runtime.engine.sessions import create_session
 
 LONG = "def quicksort(items):\n    if len(items) <= 1:\n        return items\n" * 12
 SHORT = "The quick brown fox"
@@ -138,8 +138,8 @@ def test_sampling_with_the_prefill_graph_keeps_the_target_distribution(int4_bund
     the distribution of that target (tests/distribution.py, its oracle prefilling the same way), and a
     verifier without the residual fails the same test."""
     from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
-    from edgespec.runtime import rounds as rounds_module
-    from edgespec.runtime.sampling import SamplingParams
+    from edgespec.runtime.round import rounds as rounds_module
+    from edgespec.runtime.samplers.sampling import SamplingParams
     from distribution import verify_without_residual
 
     b = Bundle.load(int4_bundle)
@@ -162,7 +162,7 @@ def _prompt_kv(dec, n):
 
 @pytest.mark.parametrize("kv_chunks", [(0.5, 40), (0.9, 3)])
 def test_a_reused_prefix_gives_the_cold_calls_kv_bit_for_bit(int4_bundle, kv_chunks):
-    """Prefix reuse with the prefill graph (runtime/prefix.py): a call that extends the previous
+    """Prefix reuse with the prefill graph (runtime/engine/prefix.py): a call that extends the previous
     prompt + answer keeps only the previous prompt's KV (the answer's came from the graph) and prefills
     the rest on the prefill graph; the prompt's KV then equals a cold call's, bit for bit, and so do
     the tokens. A shorter prompt keeps nothing the prefill graph computed."""
@@ -212,7 +212,7 @@ def test_where_the_prefill_graph_is_not_chunk_invariant_long_prompts_are_not_reu
 @pytest.fixture
 def auto_from_150(monkeypatch):
     """prefill_graph="auto" from 150 tokens (the tiny models hold 512 positions, the real threshold)."""
-    from edgespec.runtime import sessions
+    from edgespec.runtime.engine import sessions
     monkeypatch.setattr(sessions, "AUTO_PREFILL_GRAPH_TOKENS", 150)
 
 
@@ -268,9 +268,9 @@ def test_a_prefill_graph_that_cannot_be_built_is_said_once_and_long_prompts_run_
 
 def test_the_chunk_check_runs_once_per_machine_and_again_where_the_machine_differs(int4_bundle, tmp_path,
                                                                                   monkeypatch):
-    """runtime/verdicts.py: the verdict is kept beside the prefill graph's digest under the ORT version,
+    """runtime/engine/verdicts.py: the verdict is kept beside the prefill graph's digest under the ORT version,
     the CPU and the thread count; a later decoder that builds the graph does not probe again."""
-    from edgespec.runtime import verdicts
+    from edgespec.runtime.engine import verdicts
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     probes = []

@@ -9,7 +9,7 @@ from edgespec.calibrate import prefix_affinity as pa
 from edgespec.calibrate.priors import make_estimator
 from edgespec.errors import CalibrationError
 from edgespec.profiler.study.slrs import SecondStep, segment_counts
-from edgespec.runtime.vocab import build_maps
+from edgespec.runtime.bundle.vocab import build_maps
 
 import tinymodels
 

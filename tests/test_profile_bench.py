@@ -139,7 +139,7 @@ def test_report_fields_on_a_hand_worked_example():
 
 def test_variant_decoders_match_fresh_ones(tiny_hetero_bundle):
     """Decoders sharing sessions (bench, via SpeculativeDecoder.variant) decode exactly like fresh ones."""
-    from edgespec.runtime.decoder import SpeculativeDecoder
+    from edgespec.runtime.api.decoder import SpeculativeDecoder
 
     bundle = Bundle.load(tiny_hetero_bundle)
     s = BenchSettings(bundle=tiny_hetero_bundle, report=Path("unused"), threads=1)
@@ -373,7 +373,7 @@ def test_auto_draft_length_and_ngram_rows(tiny_self_bundle, prompts_file, tmp_pa
 
 def test_ngram_without_a_drafter_strategy(tiny_self_bundle, prompts_file, tmp_path):
     """ar and ngram only: no drafter session anywhere; a bench of them runs."""
-    from edgespec.runtime.decoder import SpeculativeDecoder
+    from edgespec.runtime.api.decoder import SpeculativeDecoder
 
     bundle = Bundle.load(tiny_self_bundle)
     assert SpeculativeDecoder(bundle, strategy="ngram", threads=1).drafter is None
@@ -477,11 +477,11 @@ def test_a_named_prompt_file_is_used_whole_by_default(tiny_self_bundle, tmp_path
 # --------------------------------------------------------------------------- failures: order, clean-up
 
 def test_argument_checks_come_before_any_session(tiny_self_bundle, prompts_file, tmp_path, monkeypatch):
-    import edgespec.runtime.decoder as decoder_module
+    import edgespec.runtime.api.build as build_module
 
     def no_session(*a, **k):
         raise AssertionError("a session was created before the arguments were checked")
-    monkeypatch.setattr(decoder_module, "create_sessions", no_session)
+    monkeypatch.setattr(build_module, "create_sessions", no_session)
     for kw, err, msg in (
             (dict(draft_lengths=[65]), BenchError, "draft-length"),
             (dict(draft_lengths=[2, "auto", "auto"]), BenchError, "twice"),

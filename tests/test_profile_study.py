@@ -37,9 +37,9 @@ def _softmax(x):
 def test_column_masking_equals_the_runtime_strategies():
     """alpha of tli / rdk-taylor / rdk from masked full logits == the runtime's own distributions on the
     pruned head's logits (the kept columns), for a map with unmapped and shared target ids."""
-    from edgespec.runtime.rdk import Affinity, RdkTaylor, rdk_distribution
-    from edgespec.runtime.sampling import SamplingParams
-    from edgespec.runtime.tli import kept_columns, tli_distribution
+    from edgespec.runtime.samplers.rdk import Affinity, RdkTaylor, rdk_distribution
+    from edgespec.runtime.samplers.sampling import SamplingParams
+    from edgespec.runtime.samplers.tli import kept_columns, tli_distribution
 
     rng = np.random.default_rng(0)
     v_d, v_t, s = 40, 30, 3

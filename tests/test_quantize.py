@@ -83,8 +83,8 @@ def test_quantized_greedy_identity_with_ar(qbundles, scheme):
 def test_batch_invariance_is_checked_and_declared(qbundles):
     """accuracy_level 4: 1-token forwards compute other logits than wider ones; the export measures it and
     the graph asks for >= 2 tokens per forward, which ModelRunner honours."""
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import create_session
 
     for scheme in ("int4", "int8"):
         man = _manifest(qbundles[scheme])
@@ -108,8 +108,8 @@ def test_batch_invariance_is_checked_and_declared(qbundles):
 
 
 def test_runner_padding_is_exact_on_a_float_graph(tiny_self_bundle):
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import create_session
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import create_session
 
     b = Bundle.load(tiny_self_bundle)
     plain = ModelRunner(create_session(b.target.onnx, "cpu", threads=1)[0], "target")

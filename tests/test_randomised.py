@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from edgespec.runtime.randomised import acceptance_rate, chain_length, output_distribution
-from edgespec.runtime.verify import residual, verify_sampled
+from edgespec.runtime.round.randomised import acceptance_rate, chain_length, output_distribution
+from edgespec.runtime.samplers.verify import residual, verify_sampled
 
 
 def _pq(rng, v=12):
@@ -97,8 +97,8 @@ def test_broken_residual_fails_the_same_check():
 from distribution import ALPHA, check_lossless, sample_tokens  # noqa: E402  (tests/ is on sys.path)
 from edgespec.errors import GenerationError  # noqa: E402
 from edgespec.runtime import Bundle, SpeculativeDecoder  # noqa: E402
-from edgespec.runtime import verify as verify_module  # noqa: E402
-from edgespec.runtime.sampling import SamplingParams  # noqa: E402
+from edgespec.runtime.samplers import verify as verify_module  # noqa: E402
+from edgespec.runtime.samplers.sampling import SamplingParams  # noqa: E402
 
 PROMPT = "The quick brown"
 

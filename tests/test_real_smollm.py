@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime.kv import ModelRunner
+from edgespec.runtime.engine.kv import ModelRunner
 
 pytestmark = pytest.mark.real
 

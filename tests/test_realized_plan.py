@@ -1,4 +1,4 @@
-"""The plan corrected by what it measures (runtime/device_plan.py): the AVX2 EPYC's profile (measured there
+"""The plan corrected by what it measures (runtime/planning/device_plan.py): the AVX2 EPYC's profile (measured there
 on 2026-11-27, tests/data/profiles) gives that machine's plan, and the drafter's realized speedup, not
 the formula, decides whether it keeps running, with a bounded share of re-probes."""
 import json
@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.runtime.device_plan import REPROBE_EVERY, DevicePlanning, realized_speedup
-from edgespec.runtime.device_profile import DeviceProfile
-from edgespec.runtime.plan import make_plan
-from edgespec.runtime.records import GenerationRecord
-from edgespec.runtime.stats import GenerationStats
+from edgespec.runtime.planning.device_plan import REPROBE_EVERY, DevicePlanning, realized_speedup
+from edgespec.runtime.planning.device_profile import DeviceProfile
+from edgespec.runtime.planning.plan import make_plan
+from edgespec.runtime.planning.records import GenerationRecord
+from edgespec.runtime.api.stats import GenerationStats
 
 AVX2 = Path(__file__).parent / "data" / "profiles" / "epyc-avx2-2t-qwen-coder-int4.json"
 TOKENS = 96

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from edgespec.runtime import Bundle
-from edgespec.runtime.kv import ModelRunner
-from edgespec.runtime.kv_copy import CopyLayout
-from edgespec.runtime.kv_shared import SharedLayout
-from edgespec.runtime.sessions import create_session
+from edgespec.runtime.engine.kv import ModelRunner
+from edgespec.runtime.engine.kv_copy import CopyLayout
+from edgespec.runtime.engine.kv_shared import SharedLayout
+from edgespec.runtime.engine.sessions import create_session
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_ATTRIBUTES = 15
@@ -41,7 +41,7 @@ def private_reads(source: str) -> set[str]:
             and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))}
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "runtime").glob("kv*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "runtime" / "engine").glob("kv*.py")), ids=lambda p: p.name)
 def test_every_runner_class_keeps_few_attributes(path):
     classes = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)]
     assert classes
@@ -50,7 +50,7 @@ def test_every_runner_class_keeps_few_attributes(path):
 
 
 def test_no_runtime_module_reads_another_objects_underscore_members():
-    found = {p.name: reads for p in sorted((ROOT / "runtime").glob("*.py"))
+    found = {p.name: reads for p in sorted((ROOT / "runtime").rglob("*.py"))
              if (reads := private_reads(p.read_text()) - INTERPRETER - KNOWN_PRIVATE_READS.get(p.name, set()))}
     assert not found, f"reads of other objects' underscore members: {found}"
 

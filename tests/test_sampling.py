@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from edgespec.errors import GenerationError
-from edgespec.runtime import strategies as R, tli as S
-from edgespec.runtime.sampling import SamplingParams, probabilities, sample
+from edgespec.runtime.round import strategies as R
+from edgespec.runtime.samplers import tli as S
+from edgespec.runtime.samplers.sampling import SamplingParams, probabilities, sample
 from test_verify import ScriptedRNG  # tests/ is on sys.path (conftest.py)
 
 

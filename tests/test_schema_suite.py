@@ -69,7 +69,7 @@ def test_refusals_say_where_the_option_goes():
     but not where it goes."""
     pytest.importorskip("llguidance")
     from edgespec.errors import GenerationError
-    from edgespec.runtime.grammar import constraint_from
+    from edgespec.runtime.samplers.grammar import constraint_from
 
     schemas = [({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
                  "minProperties": 1}, "lenient"),
@@ -89,7 +89,7 @@ def test_a_layout_in_the_schema_is_its_own():
     a layout key: then the schema's (the fixed layout made Qwen2.5-Coder answer `{}` to 29 of the
     suite's schemas whose keys are all optional: it wants a newline after `{`, which the layout forbids)."""
     pytest.importorskip("llguidance")
-    from edgespec.runtime.grammar import constraint_from
+    from edgespec.runtime.samplers.grammar import constraint_from
 
     def options(schema):
         return json.loads(constraint_from(json_schema=schema).grammar)["grammars"][0]["json_schema"]["x-guidance"]

@@ -1,5 +1,5 @@
 """Structured output and tool calls through `edgespec serve` with the real openai client (serve/tools.py,
-runtime/grammar.py), on the real smollm-self bundle:
+runtime/samplers/grammar.py), on the real smollm-self bundle:
 - its own chat template (no tool support): response_format json_object / json_schema (the client's
   `beta.chat.completions.parse` with a pydantic model), the greedy answer equal to the in-process
   decoder's; `tools` refused with a 400 saying the template has no tool support;

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 import tinymodels
-from edgespec.runtime.slem import SlemTranslator
-from edgespec.runtime.vocab import build_maps
+from edgespec.runtime.round.slem import SlemTranslator
+from edgespec.runtime.bundle.vocab import build_maps
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def _ids(tok, text):
 def _draft_ids(drafter, committed, draft):
     """What a drafter that has read `committed` would draft for `draft`: its tokens of committed + draft
     after the committed part (no SentencePiece dummy "▁" in front), or of the draft alone on a merge."""
-    from edgespec.runtime.vocab import token_table
+    from edgespec.runtime.bundle.vocab import token_table
     keys = token_table(drafter).keys
     ids = drafter.encode(committed + draft, add_special_tokens=False).ids
     lengths = np.cumsum([len(keys[i]) for i in ids])
@@ -87,7 +87,7 @@ def test_bos_and_specials_are_outside_the_window(toks):
 
 def _byte_ids(tok, data: bytes):
     """Single-byte tokens of a byte-level BPE vocabulary, one per byte."""
-    from edgespec.runtime.vocab import gpt2_byte_decoder
+    from edgespec.runtime.bundle.vocab import gpt2_byte_decoder
     enc = {b: ch for ch, b in gpt2_byte_decoder().items()}
     return [tok.token_to_id(enc[b]) for b in data]
 
@@ -113,7 +113,7 @@ def test_committed_text_ending_mid_character(toks):
 
 
 def _text_bytes(tok, ids):
-    from edgespec.runtime.vocab import token_table
+    from edgespec.runtime.bundle.vocab import token_table
     keys = token_table(tok).keys
     return b"".join(keys[i] for i in ids)
 
@@ -121,7 +121,7 @@ def _text_bytes(tok, ids):
 @pytest.mark.real
 def test_smollm2_tokenizer_edge_cases():
     from edgespec.export.sources import pull
-    from edgespec.runtime.vocab import as_tokenizer
+    from edgespec.runtime.bundle.vocab import as_tokenizer
     tok = as_tokenizer(pull("smollm2-135m", progress=False).hf_dir)
     tr = _translator(tok, tok)
     for committed, draft in CASES + [("    return", " x  # “quoted” …\n")]:
@@ -134,7 +134,7 @@ def test_smollm2_tokenizer_edge_cases():
 
 from distribution import ALPHA, check_lossless, sample_tokens  # noqa: E402  (tests/ is on sys.path)
 from edgespec.runtime import Bundle, SpeculativeDecoder  # noqa: E402
-from edgespec.runtime.sampling import SamplingParams  # noqa: E402
+from edgespec.runtime.samplers.sampling import SamplingParams  # noqa: E402
 
 PROMPTS = ["def quicksort(items):", "Naïve café owners"]
 

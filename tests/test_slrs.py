@@ -1,4 +1,4 @@
-"""`slrs1` (runtime/slrs.py): SLRS with one drafter token of lookahead, on the tiny heterogeneous bundle
+"""`slrs1` (runtime/round/slrs.py): SLRS with one drafter token of lookahead, on the tiny heterogeneous bundle
 (byte-level target, SentencePiece drafter). The strategy is registered here for the test; the
 registry line for strategies.py is in docs/study-real-pairs.md."""
 from __future__ import annotations
@@ -8,19 +8,19 @@ import pytest
 
 from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime import rounds as rounds_module
-from edgespec.runtime import slrs
-from edgespec.runtime.sampling import SamplingParams, sample
-from edgespec.runtime.strategies import STRATEGIES
-from edgespec.runtime.tli import tli_distribution
-from edgespec.runtime.vocab import token_table
+from edgespec.runtime.round import rounds as rounds_module
+from edgespec.runtime.round import slrs
+from edgespec.runtime.samplers.sampling import SamplingParams, sample
+from edgespec.runtime.round.strategies import STRATEGIES
+from edgespec.runtime.samplers.tli import tli_distribution
+from edgespec.runtime.bundle.vocab import token_table
 
 PROMPT = "The quick brown fox. The quick brown"
 
 
 @pytest.fixture
 def slrs1():
-    """The registered strategy (runtime/strategies.py), not a test-local copy."""
+    """The registered strategy (runtime/round/strategies.py), not a test-local copy."""
     assert STRATEGIES["slrs1"].greedy is slrs.greedy and STRATEGIES["slrs1"].prepare is slrs.prepare
 
 

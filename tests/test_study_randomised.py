@@ -9,8 +9,8 @@ import pytest
 from edgespec.cli import main
 from edgespec.errors import EdgespecError
 from edgespec.profiler.study.randomised import RandomisedConfig, chain_weights, run_randomised
-from edgespec.runtime.randomised import acceptance_rate, chain_length
-from edgespec.runtime.verify import verify_sampled
+from edgespec.runtime.round.randomised import acceptance_rate, chain_length
+from edgespec.runtime.samplers.verify import verify_sampled
 
 PROMPTS = ["def add(a, b):\n    return", "class Counter:\n    def __init__(self):", "import os\nfor name in",
            "x = [i * i for i in"]

@@ -70,7 +70,7 @@ def test_slrs_upper_bound_holds_over_slrs_with_one_token_of_lookahead():
     target, drafter = toks["bytelevel"], toks["spiece"]
     n_t, n_d = 608, 512
     s = TokenStructure(target, drafter, n_t, n_d)
-    from edgespec.runtime.vocab import build_maps
+    from edgespec.runtime.bundle.vocab import build_maps
 
     d2t, _ = build_maps(target, drafter, n_t, n_d)
     rng = np.random.default_rng(3)

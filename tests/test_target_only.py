@@ -9,7 +9,7 @@ import pytest
 from edgespec.errors import BundleError, ExportError, GenerationError
 from edgespec.export.bundle_writer import export_bundle
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime.manifest import write_manifest
+from edgespec.runtime.bundle.manifest import write_manifest
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"
 

@@ -1,4 +1,4 @@
-"""Threads chosen where the bundle runs (runtime/sessions.py, runtime/device_profile.py): the allowed
+"""Threads chosen where the bundle runs (runtime/engine/sessions.py, runtime/planning/device_profile.py): the allowed
 physical cores (affinity, SMT siblings once, a cgroup quota), a pinned count capped to them in one line,
 the profile's thread scaling and the decoder's sessions made at its choice."""
 import dataclasses
@@ -8,10 +8,10 @@ import pytest
 
 from edgespec.errors import EPError
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime import device_profile as dp
-from edgespec.runtime import sessions
-from edgespec.runtime import thread_scaling as ts
-from edgespec.runtime.plan import make_plan
+from edgespec.runtime.planning import device_profile as dp
+from edgespec.runtime.engine import sessions
+from edgespec.runtime.engine import thread_scaling as ts
+from edgespec.runtime.planning.plan import make_plan
 
 PROMPT = "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, item):"
 
@@ -136,7 +136,7 @@ def test_a_profile_measured_beside_other_work_says_so(tiny_padded_bundle, home, 
     import subprocess
     import sys
 
-    from edgespec.runtime import device_plan
+    from edgespec.runtime.planning import device_plan
 
     busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
     try:

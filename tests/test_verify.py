@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from edgespec.runtime.verify import accept_probability, residual, verify_greedy, verify_sampled
+from edgespec.runtime.samplers.verify import accept_probability, residual, verify_greedy, verify_sampled
 
 
 class ScriptedRNG:

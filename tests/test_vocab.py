@@ -1,4 +1,4 @@
-"""runtime/vocab.py: token normalisation, vocab hash, maps between tokenizers, special tokens."""
+"""runtime/bundle/vocab.py: token normalisation, vocab hash, maps between tokenizers, special tokens."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from edgespec.runtime import vocab as V
+from edgespec.runtime.bundle import vocab as V
 
 
 def _bytes_of(tok: Tokenizer, i: int) -> bytes:

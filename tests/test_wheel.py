@@ -37,7 +37,7 @@ def test_wheel_contents(wheel):
     assert {t for t in tops if not t.endswith(".dist-info")} == {"edgespec"}
     for sub in ("runtime", "export", "calibrate", "models"):
         assert f"edgespec/{sub}/__init__.py" in names
-    assert "edgespec/runtime/bundle.py" in names and "edgespec/runtime/vocab.py" in names
+    assert "edgespec/runtime/bundle/bundle.py" in names and "edgespec/runtime/bundle/vocab.py" in names
     assert any(n.startswith("edgespec/models/") and n.endswith(".toml") for n in names)
     assert not any(n.startswith("tests/") for n in names)
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))

@@ -45,9 +45,9 @@ from edgespec.profiler.study import report as study_report
 from edgespec.profiler.errors import StudyError
 from edgespec.profiler.study.samplers import (attach_samplers, attach_slrs_bound, level_alphas, make_level,
                                               sampler_label, taylor_samplers)
-from edgespec.runtime.rdk import DEFAULT_TOL
-from edgespec.runtime.sampling import softmax
-from edgespec.runtime.tli import tli_rows
+from edgespec.runtime.samplers.rdk import DEFAULT_TOL
+from edgespec.runtime.samplers.sampling import softmax
+from edgespec.runtime.samplers.tli import tli_rows
 
 CHUNK = 32
 DEFAULT_KEPT = [1, 2, 5, 10, 25, 50, 75, 100]

@@ -17,7 +17,7 @@ Predictions, for each a:
 - uniform: mean_j alpha_j over the ar positions: Lemma 4.1 averaged as if every position were
   equally likely to be drafted;
 - chain: sum_j w_j alpha_j / sum_j w_j with w_j = P(j is drafted and verified | x_<j), exact from
-  the chain rule (runtime/randomised.py) by a forward filter over "where the current round started":
+  the chain rule (runtime/round/randomised.py) by a forward filter over "where the current round started":
   chaining drafts more often after an accepted draft, so this is what the verified rate estimates;
 - runtime: sum_j w_j alpha_j / E[drafted], E[drafted] = sum_s P(a round starts at s) sum_{k<=g_s} a^k,
   the prediction of the runtime's own accepted / drafted;
@@ -39,11 +39,11 @@ from tqdm import tqdm
 
 from edgespec.calibrate.prompts import HUMANEVAL, load_prompts
 from edgespec.profiler.errors import StudyError
-from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.context import drafter_context
-from edgespec.runtime.decoder import SpeculativeDecoder
-from edgespec.runtime.randomised import acceptance_rate
-from edgespec.runtime.sampling import SamplingParams, probabilities
+from edgespec.runtime.bundle.bundle import Bundle
+from edgespec.runtime.round.context import drafter_context
+from edgespec.runtime.api.decoder import SpeculativeDecoder
+from edgespec.runtime.round.randomised import acceptance_rate
+from edgespec.runtime.samplers.sampling import SamplingParams, probabilities
 
 WINDOW = 64                    # teacher-forced tokens per forward (bounded [WINDOW, V] logits)
 WARMUP_TOKENS = 8

@@ -10,9 +10,9 @@ over target ids and the expected acceptance alpha = sum_x min(p(x), d(x)) (RDK p
                 to `masked` at 100 % kept. Theorem 4.1: union <= tli;
 - `tli`:        the same, renormalised (TLI, what the runtime's `tli`/`sd` sample from; runtime.tli.tli_rows);
 - `rdk-taylor`: Eq. 3 on the TLI distribution with the target prior and strength beta
-                (edgespec.runtime.rdk.RdkTaylor: the runtime's own function);
+                (edgespec.runtime.samplers.rdk.RdkTaylor: the runtime's own function);
 - `rdk`:        M^T q' with the affinity M restricted to the rows of S
-                (edgespec.runtime.rdk.rdk_distribution with the runtime's default tolerance), as the
+                (edgespec.runtime.samplers.rdk.rdk_distribution with the runtime's default tolerance), as the
                 runtime's `rdk`; for the structural `prefix`/`first` M (calibrate/prefix_affinity.py),
                 whose rows also cover drafter tokens outside T, M^T q_S over ALL kept columns (the
                 runtime would need q_S fed to RDK for these). M = first is SLRS with one drafter token
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgespec.runtime.rdk import Affinity, RdkTaylor, rdk_distribution
-from edgespec.runtime.tli import tli_rows
+from edgespec.runtime.samplers.rdk import Affinity, RdkTaylor, rdk_distribution
+from edgespec.runtime.samplers.tli import tli_rows
 
 
 ALL_COLUMN_ESTIMATORS = ("prefix", "first")      # M with rows outside T: fed q_S, not q'

@@ -35,7 +35,7 @@ from edgespec.calibrate.pair import resolve_models
 from edgespec.calibrate.prefix_affinity import MAX_KEY_BYTES, TokenStructure
 from edgespec.profiler.study.acceptance import StudyConfig, study_texts
 from edgespec.profiler.study.samplers import overlap
-from edgespec.runtime.sampling import softmax
+from edgespec.runtime.samplers.sampling import softmax
 
 
 # --------------------------------------------------------------------------- string structure

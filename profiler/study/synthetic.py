@@ -32,9 +32,9 @@ from tqdm import tqdm
 from edgespec.calibrate.priors import make_estimator
 from edgespec.profiler.errors import StudyError
 from edgespec.profiler.study.samplers import attach_samplers, level_alphas, make_level, overlap, taylor_samplers
-from edgespec.runtime.rdk import DEFAULT_TOL, RdkTaylor
-from edgespec.runtime.sampling import softmax
-from edgespec.runtime.tli import tli_rows
+from edgespec.runtime.samplers.rdk import DEFAULT_TOL, RdkTaylor
+from edgespec.runtime.samplers.sampling import softmax
+from edgespec.runtime.samplers.tli import tli_rows
 
 PAPER_ALPHA = 0.267             # §6.2 / Fig. 7: RDK's "almost constant" acceptance down to 500 of 200k
 DEFAULT_KEPT = [500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000]

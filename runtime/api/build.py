@@ -11,13 +11,13 @@ from functools import partial
 import numpy as np
 
 from edgespec.errors import BundleError, GenerationError
-from edgespec.runtime.chat import compile_template
-from edgespec.runtime.context import drafter_context
-from edgespec.runtime.device_profile import graph_paths
-from edgespec.runtime.kv import DeferredRunner, ModelRunner
-from edgespec.runtime.sessions import CPU, create_session, create_sessions, is_cpu_only, prefill_graph_request
-from edgespec.runtime.shared import Shared
-from edgespec.runtime.verdicts import remembered
+from edgespec.runtime.bundle.chat import compile_template
+from edgespec.runtime.round.context import drafter_context
+from edgespec.runtime.planning.device_profile import graph_paths
+from edgespec.runtime.engine.kv import DeferredRunner, ModelRunner
+from edgespec.runtime.engine.sessions import CPU, create_session, create_sessions, is_cpu_only, prefill_graph_request
+from edgespec.runtime.api.shared import Shared
+from edgespec.runtime.engine.verdicts import remembered
 
 
 def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_drafter: bool, target_alone: bool,
@@ -54,7 +54,7 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
     verdict = None if prefill_request is None else partial(remembered, bundle.target.prefill_onnx,
                                                            "prefill_chunks_exact", threads)
     # the plan's step width (its profile measured it here); on another EP the graph's declared width unless
-    # the plan pads, and the runner's own probe may pad too (runtime/probes.py)
+    # the plan pads, and the runner's own probe may pad too (runtime/engine/probes.py)
     width = plan.step_tokens if is_cpu_only(ep) or plan.step_tokens >= 2 else None
     target = ModelRunner(target_session, "target", bundle.target.max_position, prefill_session=prefill,
                          prefill_factory=later, prefill_from=prefill_from, remember_chunks=verdict, min_tokens=width)

@@ -7,9 +7,9 @@ import difflib
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.plan import MAX_GAMMA
-from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.strategies import STRATEGIES
+from edgespec.runtime.planning.plan import MAX_GAMMA
+from edgespec.runtime.samplers.sampling import SamplingParams
+from edgespec.runtime.round.strategies import STRATEGIES
 
 # Drafter context window (context.DrafterWindow): acceptance against window size, benchmarks/window_sweep.py.
 DEFAULT_DRAFTER_WINDOW = 256

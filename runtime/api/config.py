@@ -16,11 +16,11 @@ from typing import Mapping
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.answer_store import DEFAULT_STORE_MB, check_store_mb
-from edgespec.runtime.checks import (DEFAULT_DRAFTER_WINDOW, DEFAULT_MAX_DRAFT_LENGTH, check_draft_length,
+from edgespec.runtime.samplers.answer_store import DEFAULT_STORE_MB, check_store_mb
+from edgespec.runtime.api.checks import (DEFAULT_DRAFTER_WINDOW, DEFAULT_MAX_DRAFT_LENGTH, check_draft_length,
                                      check_drafter_window, check_plain_steps, check_strategy_options)
-from edgespec.runtime.sessions import check_threads
-from edgespec.runtime.strategies import Strategy, get_strategy
+from edgespec.runtime.engine.sessions import check_threads
+from edgespec.runtime.round.strategies import Strategy, get_strategy
 
 
 # --prefill-graph's words for SpeculativeDecoder(prefill_graph=...)
@@ -33,13 +33,13 @@ def check_flag(name: str, value) -> None:
 
 
 DEFAULT_STRATEGY = "auto"          # chosen for the bundle and the machine (strategies.choose_auto)
-DEFAULT_DRAFT_LENGTH = "auto"      # gamma chosen per round (runtime/governor.py)
+DEFAULT_DRAFT_LENGTH = "auto"      # gamma chosen per round (runtime/round/governor.py)
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     strategy: Strategy
-    draft_length: int | str = DEFAULT_DRAFT_LENGTH      # the setting: an int, or "auto" (runtime/governor.py)
+    draft_length: int | str = DEFAULT_DRAFT_LENGTH      # the setting: an int, or "auto" (runtime/round/governor.py)
     max_draft_length: int = DEFAULT_MAX_DRAFT_LENGTH     # gamma_max of draft_length="auto"
     draft_probability: float | str | None = None  # randomised drafting (randomised.py); "auto": the bundle's a*
     draft_confidence: float | None = None         # stop drafting when the drafter's top probability falls below

@@ -24,23 +24,23 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.build import build_shared
-from edgespec.runtime.bundle import Bundle
-from edgespec.runtime.checks import DEFAULT_MAX_NEW_TOKENS, check_generation_args
-from edgespec.runtime.config import (DEFAULT_DRAFT_LENGTH, DEFAULT_STRATEGY, DecodeConfig, check_decoder_settings,
+from edgespec.runtime.api.build import build_shared
+from edgespec.runtime.bundle.bundle import Bundle
+from edgespec.runtime.api.checks import DEFAULT_MAX_NEW_TOKENS, check_generation_args
+from edgespec.runtime.api.config import (DEFAULT_DRAFT_LENGTH, DEFAULT_STRATEGY, DecodeConfig, check_decoder_settings,
                                      checked_config, with_deprecated)
-from edgespec.runtime.chat import as_messages, render_chat
-from edgespec.runtime.device_profile import plan_for
-from edgespec.runtime.device_plan import DevicePlanning
-from edgespec.runtime.grammar import start_constraint
-from edgespec.runtime.randomised import draft_randomised
-from edgespec.runtime.records import step_plan
-from edgespec.runtime.shared import Setup
-from edgespec.runtime.generation import Generation
-from edgespec.runtime.sampling import make_rng
-from edgespec.runtime.stats import GenerationStats
-from edgespec.runtime.strategies import choose_auto, for_bundle, get_strategy
-from edgespec.runtime.text import TextState
+from edgespec.runtime.bundle.chat import as_messages, render_chat
+from edgespec.runtime.planning.device_profile import plan_for
+from edgespec.runtime.planning.device_plan import DevicePlanning
+from edgespec.runtime.samplers.grammar import start_constraint
+from edgespec.runtime.round.randomised import draft_randomised
+from edgespec.runtime.planning.records import step_plan
+from edgespec.runtime.api.shared import Setup
+from edgespec.runtime.api.generation import Generation
+from edgespec.runtime.samplers.sampling import make_rng
+from edgespec.runtime.api.stats import GenerationStats
+from edgespec.runtime.round.strategies import choose_auto, for_bundle, get_strategy
+from edgespec.runtime.bundle.text import TextState
 
 @dataclass
 class GenerationResult:
@@ -72,7 +72,7 @@ class SpeculativeDecoder:
         self.bundle = bundle
         config = replace(config, strategy=for_bundle(config.strategy, bundle))
         config = checked_config(bundle, config)         # refuse before paying for the sessions
-        # this machine's plan (runtime/plan.py): which graph runs the target, whether the drafter pays
+        # this machine's plan (runtime/planning/plan.py): which graph runs the target, whether the drafter pays
         self.planning = DevicePlanning(bundle, threads, ep, *plan_for(bundle, threads, ep),
                                        measure=strategy == "auto")
         plan, strat = self.planning.plan, config.strategy

@@ -13,14 +13,14 @@ from typing import Callable
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.answer_store import check_scope
-from edgespec.runtime.context import DrafterContext, DrafterWindow
-from edgespec.runtime.grammar import GrammarState, mask_distribution, mask_logits, masked_greedy
-from edgespec.runtime.lookup import DEFAULT_MAX_N
-from edgespec.runtime.records import GenerationRecord, StepPlan
-from edgespec.runtime.rounds import MAX_FORCED, forced_round, speculative_round
-from edgespec.runtime.sampling import SamplingParams, probabilities, sample
-from edgespec.runtime.stats import GenerationStats
+from edgespec.runtime.samplers.answer_store import check_scope
+from edgespec.runtime.round.context import DrafterContext, DrafterWindow
+from edgespec.runtime.samplers.grammar import GrammarState, mask_distribution, mask_logits, masked_greedy
+from edgespec.runtime.samplers.lookup import DEFAULT_MAX_N
+from edgespec.runtime.planning.records import GenerationRecord, StepPlan
+from edgespec.runtime.round.rounds import MAX_FORCED, forced_round, speculative_round
+from edgespec.runtime.samplers.sampling import SamplingParams, probabilities, sample
+from edgespec.runtime.api.stats import GenerationStats
 
 
 class Generation:

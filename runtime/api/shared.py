@@ -15,10 +15,10 @@ import threading
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.answer_store import DEFAULT_STORE_MB, AnswerStore
-from edgespec.runtime.governor import Governor
-from edgespec.runtime.prefix import PrefixCache
-from edgespec.runtime.randomised import SideRunner
+from edgespec.runtime.samplers.answer_store import DEFAULT_STORE_MB, AnswerStore
+from edgespec.runtime.round.governor import Governor
+from edgespec.runtime.engine.prefix import PrefixCache
+from edgespec.runtime.round.randomised import SideRunner
 
 
 class Shared:

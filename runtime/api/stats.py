@@ -6,7 +6,7 @@ Counts
   it are not counted (none are generated past it).
 - `prompt_tokens`: target tokens in the prompt (after the chat template and BOS handling).
 - `reused_tokens`: prompt tokens whose target KV was kept from the previous call (prefix reuse:
-  runtime/prefix.py); the prefill ran the other prompt_tokens - reused_tokens.
+  runtime/engine/prefix.py); the prefill ran the other prompt_tokens - reused_tokens.
 - `target_forwards`: target ORT runs, prefill included (= 1 + verify_forwards).
 - `verify_forwards`: target runs after the prefill. For `ar` each is a 1-token decode step.
 - `draft_forwards`: drafter ORT runs, its prefill included (the drafter prefill is the first drafter
@@ -18,9 +18,9 @@ Counts
   prompt-lookup guess (rounds.plain_step, `plain_guess`), and how many the target kept. Not in `drafted`/`accepted` (the strategy's own drafts) nor in the per-step lists (0 there);
   a kept guess is a committed token, so it is in `tau`.
 - `store_drafted`, `store_accepted`: drafts (and guesses) that came from the decoder's answer store
-  (earlier calls' answers: runtime/answer_store.py) and how many the target kept; a part of
+  (earlier calls' answers: runtime/samplers/answer_store.py) and how many the target kept; a part of
   `drafted`/`accepted` (or of `guesses`/`guesses_accepted`), not more of them.
-- `forced`, `forced_accepted`, `forced_rounds`: constrained decoding (runtime/grammar.py): tokens the
+- `forced`, `forced_accepted`, `forced_rounds`: constrained decoding (runtime/samplers/grammar.py): tokens the
   grammar forced, drafted for free (rounds.forced_round: no drafter forward), how many the target kept,
   and the rounds that drafted them. Not in `drafted`/`accepted` (0 in the per-step lists); kept ones
   are in `tau`. `grammar_ms`: computing the grammar's token masks (part of `overhead_ms`), `grammar_masks`
@@ -30,7 +30,7 @@ Counts
 - `drafter_fallback_steps`: verify forwards run with no drafts because the drafter's own context
   would have exceeded its max_position (the loop then degrades to plain decoding).
 - `slem_realignments`: `slem` rounds whose drafted text, re-tokenised for the target, did not line up
-  with the committed tokens and was realigned (runtime/slem.py: merge across the boundary or a
+  with the committed tokens and was realigned (runtime/round/slem.py: merge across the boundary or a
   normalising, non-injective tokenizer).
 
 Derived (properties)
@@ -48,7 +48,7 @@ Times (ms, wall clock, time.perf_counter)
 - `ttft_ms`: from the call to the first generated token being available.
 - `prefill_ms`: the target's prefill run (ORT time only): the prompt tokens it had to run, after any
   prefix reused from the previous call (`reused_tokens`).
-- `draft_prefill_ms`: the drafter's fills of its context window (runtime/context.py DrafterWindow): the
+- `draft_prefill_ms`: the drafter's fills of its context window (runtime/round/context.py DrafterWindow): the
   first, at the first drafting round (so after TTFT, inside the decode phase; after prefix reuse, the
   part of the window the reuse did not keep), and each later refill (`draft_refills`);
   `draft_prefill_tokens` drafter tokens in all. Its own field: never hidden in
@@ -69,7 +69,7 @@ Times (ms, wall clock, time.perf_counter)
   overhead_ms. `sampler_share` = sampler_ms / draft_ms: the strategy's cost as a share of drafter time.
 - `overlap_ms`: ORT time that ran at the same time as other ORT time, hence counted twice in
   prefill/draft/verify_ms: randomised drafting runs the no-draft drafter forward on a worker thread
-  while the target verifies (runtime/randomised.py); per such round, drafter ms + verify ms - the
+  while the target verifies (runtime/round/randomised.py); per such round, drafter ms + verify ms - the
   round's wall time for the two. 0 otherwise.
 
 Profiler hooks

@@ -8,7 +8,7 @@ Checks, by `verify` mode (`Bundle.load` defaults to "full"; the CLI's `--verify`
   only size-checked; every smaller file (graphs without their data, tokenizers and configs, the
   vocabulary maps, vocab.json, priors) is still hashed.
 - "none": the listed files exist (nothing is hashed or size-checked).
-In every mode: the manifest's values have the types the runtime needs (runtime/manifest.py); every
+In every mode: the manifest's values have the types the runtime needs (runtime/bundle/manifest.py); every
 path the manifest names (`target.onnx`, `drafter.onnx`, `vocab.vocab_file`, `vocab.prior`,
 `vocab.affinity`, `vocab.randomised`, and the fixed tokenizer / vocabulary-map paths) must be a
 relative path listed in `files` that resolves, symlinks followed, to a file inside the bundle; no
@@ -32,10 +32,10 @@ import numpy as np
 
 from edgespec.errors import BundleError, GenerationError
 from edgespec.hashing import DigestMemory
-from edgespec.runtime.bundle_tokenizer import (TOKENIZER_FIXED_IN, TokenizerFile, load_tokenizer,  # noqa: F401
+from edgespec.runtime.bundle.bundle_tokenizer import (TOKENIZER_FIXED_IN, TokenizerFile, load_tokenizer,  # noqa: F401
                                                stale_gguf_tokenizer)
-from edgespec.runtime.manifest import SIDES, check_io, check_required_files, is_target_only, read_manifest, shown
-from edgespec.runtime.rdk import Affinity
+from edgespec.runtime.bundle.manifest import SIDES, check_io, check_required_files, is_target_only, read_manifest, shown
+from edgespec.runtime.samplers.rdk import Affinity
 
 FAST_HASH_LIMIT = 64 * 1024**2
 VERIFY_MODES = ("full", "fast", "none")
@@ -61,7 +61,7 @@ class ModelFiles:
 
     @property
     def runtime_onnx(self) -> Path:
-        """The graph the runtime runs where no device profile says otherwise (runtime/plan.py): the
+        """The graph the runtime runs where no device profile says otherwise (runtime/planning/plan.py): the
         padded-attention graph where the export found it exact (model.onnx stays the builder's graph,
         for onnxruntime-genai)."""
         return self.padded_onnx if self.padded_onnx is not None and self.padded_exact_at_export else self.onnx

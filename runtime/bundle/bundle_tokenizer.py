@@ -16,7 +16,7 @@ from tokenizers import __version__ as tokenizers_version
 
 from edgespec.errors import BundleError
 from edgespec.hashing import DigestMemory
-from edgespec.runtime.vocab import vocab_hash
+from edgespec.runtime.bundle.vocab import vocab_hash
 
 TOKENIZER_FIXED_IN = "0.1.1"
 

@@ -21,6 +21,13 @@ def _raise(message):
     raise GenerationError(f"chat template: {message}")
 
 
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """transformers' `tojson` (apply_chat_template's): json.dumps with keys in order and nothing escaped,
+    not jinja2's own (sorted keys, <>&' as \\u003c...), so that a tool call re-rendered in the history is
+    what the model wrote (and its KV prefix is reused)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 @lru_cache(maxsize=8)
 def compile_template(template: str):
     """The sandboxed jinja2 Template of `template` (compiled once; GenerationError if it does not compile)."""
@@ -30,7 +37,7 @@ def compile_template(template: str):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    env.filters.setdefault("tojson", json.dumps)
+    env.filters["tojson"] = _tojson
     try:
         return env.from_string(template)
     except TemplateError as exc:

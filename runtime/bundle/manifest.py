@@ -1,6 +1,6 @@
 """The bundle manifest, BUNDLE/manifest.json (docs/architecture.md): its format constants, the
 structure the exporter writes (export/bundle_files.py builds it through `side_entry`, `vocab_entry` and
-`new_manifest`) and the checks the reader runs (runtime/bundle.py). Torch-free.
+`new_manifest`) and the checks the reader runs (runtime/bundle/bundle.py). Torch-free.
 """
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """Bytes -> ids of one tokenizer: text spelled in another tokenizer's tokens, re-encoded. Torch-free.
 
-Token bytes come from runtime/vocab.py's tables (Ġ/▁ and byte-fallback aware; added special tokens
+Token bytes come from runtime/bundle/vocab.py's tables (Ġ/▁ and byte-fallback aware; added special tokens
 have `SPECIAL_PREFIX` keys, never text). `ByteEncoder.encode_bytes` splits the bytes into valid UTF-8
 runs, which the tokenizer encodes without special tokens and without a SentencePiece-style dummy
 prefix (the text continues a line), and stray bytes (invalid UTF-8 on their own: part of a character
 split across tokens), which become the tokenizer's single-byte tokens where it has them (dropped where
 it has none). Two ways to drop a dummy prefix, kept as their callers have always used them:
-  `encode_exact`          the drafter context (runtime/context.py): the ids must spell exactly the text;
+  `encode_exact`          the drafter context (runtime/round/context.py): the ids must spell exactly the text;
                           a leading space token is dropped or its "▁xy" swapped for "xy", else the byte
                           tokens if the tokenizer has one for every byte, else the plain encoding;
-  `encode_continuation`   SLEM's proposals (runtime/slem.py): the extra leading spaces are measured by
+  `encode_continuation`   SLEM's proposals (runtime/round/slem.py): the extra leading spaces are measured by
                           length and removed from the first token (nothing if no such token exists).
 `retokenise` is calibrate's per-token form (counts moved between vocabularies, calibrate/counts.py):
 one token's bytes, all-or-nothing. `continuation_tokenizer` drops the dummy prefix in the tokenizer
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from tokenizers import Tokenizer
 
-from edgespec.runtime.vocab import SPECIAL_PREFIX, as_tokenizer, token_table
+from edgespec.runtime.bundle.vocab import SPECIAL_PREFIX, as_tokenizer, token_table
 
 
 class ByteEncoder:

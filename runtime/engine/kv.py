@@ -4,22 +4,22 @@
   of those positions, [len(ids), V] (valid until this runner's next forward).
   With an empty cache this is the prefill: one forward over the whole prompt.
 - `crop(n)` keeps the first n cached positions; `reset()` empties the cache.
-- With a prefill graph (export/prefill_graph.py; runtime/kv_prefill.py), a prompt of PREFILL_GRAPH_TOKENS or
+- With a prefill graph (export/prefill_graph.py; runtime/engine/kv_prefill.py), a prompt of PREFILL_GRAPH_TOKENS or
   more runs on it (`prefill_graph_for`); `prefill_graph_rows` counts the leading positions it computed,
-  which prefix reuse may keep (runtime/prefix.py) where the prefill graph is chunk-invariant on this
+  which prefix reuse may keep (runtime/engine/prefix.py) where the prefill graph is chunk-invariant on this
   machine (`check_prefill_chunks`). A deferred prefill graph (`prefill_factory`) is built for the first
   prompt that needs it (`build_prefill_graph`).
 - Each forward's wall time (ms) is added to `time_ms` / `last_ms`.
 
-A runner is a few small objects: what its graph declares (`graph`, runtime/kv_graph.py), the KV cache in
+A runner is a few small objects: what its graph declares (`graph`, runtime/engine/kv_graph.py), the KV cache in
 one of two layouts behind one interface (`kv`: reset, crop, reserve, attach, arrays, run), its optional
-prefill graph (`prefill`, runtime/kv_prefill.py) and its counters (`counts`). The layout is chosen from
+prefill graph (`prefill`, runtime/engine/kv_prefill.py) and its counters (`counts`). The layout is chosen from
 the graph's metadata (`edgespec.kv_cache`, written at export):
 
-- **shared** (builder graphs, GroupQueryAttention; runtime/kv_shared.py): one buffer per past input,
+- **shared** (builder graphs, GroupQueryAttention; runtime/engine/kv_shared.py): one buffer per past input,
   bound as both past and present, written in place by attention; a rollback (`crop`) is a change of
   `length`.
-- **copy** (optimum graphs; runtime/kv_copy.py): the `present.*` outputs (past + new, concatenated by
+- **copy** (optimum graphs; runtime/engine/kv_copy.py): the `present.*` outputs (past + new, concatenated by
   the graph) become the next call's `past_key_values.*` inputs as NumPy arrays; a crop is a slice, made
   contiguous at the next forward.
 """
@@ -32,13 +32,13 @@ from typing import Callable, Sequence
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.kv_copy import CopyLayout
-from edgespec.runtime.kv_graph import (KV_KEY, LOGITS_TO_KEEP, MIN_TOKENS_KEY, PAD_ROWS_KEY,  # noqa: F401 (exported)
+from edgespec.runtime.engine.kv_copy import CopyLayout
+from edgespec.runtime.engine.kv_graph import (KV_KEY, LOGITS_TO_KEEP, MIN_TOKENS_KEY, PAD_ROWS_KEY,  # noqa: F401 (exported)
                                        ForwardCounts, GraphSignature)
-from edgespec.runtime.kv_prefill import AUTO_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS, PrefillGraph  # noqa: F401
-from edgespec.runtime.kv_shared import SharedLayout
-from edgespec.runtime.placement import CPU, DEVICE
-from edgespec.runtime.probes import check_device_session, prefill_chunks_exact
+from edgespec.runtime.engine.kv_prefill import AUTO_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS, PrefillGraph  # noqa: F401
+from edgespec.runtime.engine.kv_shared import SharedLayout
+from edgespec.runtime.engine.placement import CPU, DEVICE
+from edgespec.runtime.engine.probes import check_device_session, prefill_chunks_exact
 
 
 def default_feeds(session) -> dict:
@@ -60,7 +60,7 @@ class ModelRunner:
     None takes the width the graph declares (`edgespec.min_forward_tokens`) where `exact`, else 1.
     `exact=False` (the drafter) skips the declared padding: the drafter's logits only steer proposals,
     verification reads the target's. On a non-CPU EP an exact runner's 1-token forwards are padded to
-    2 where they compute other bits (runtime/probes.py)."""
+    2 where they compute other bits (runtime/engine/probes.py)."""
 
     pending = False            # built (a DeferredRunner is pending until its first forward)
     session_info = None        # sessions.SessionInfo, set by whoever created the session
@@ -97,7 +97,7 @@ class ModelRunner:
         session_ep = (session.get_providers() or [CPU])[0]
         self.device = DEVICE.get(session_ep, "cpu")     # where shared KV buffers live
         self.use_layout(kv == "auto" and self.graph.declares_shared)      # sets self.kv
-        if session_ep != CPU:      # what this EP's kernels do, measured (runtime/probes.py)
+        if session_ep != CPU:      # what this EP's kernels do, measured (runtime/engine/probes.py)
             self.min_tokens = check_device_session(self, session_ep, exact)
         if prefill_session is not None:
             self.attach_prefill_graph(prefill_session)
@@ -105,7 +105,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ state
     @property
     def shared(self) -> bool:
-        """Whether the cache is in the shared layout (runtime/kv_shared.py)."""
+        """Whether the cache is in the shared layout (runtime/engine/kv_shared.py)."""
         return isinstance(self.kv, SharedLayout)
 
     def use_layout(self, shared: bool) -> None:

@@ -1,13 +1,13 @@
 """The copy KV layout (optimum graphs, and any graph a runner is asked to copy for): the `present.*`
 outputs (past + new, concatenated by the graph) become the next forward's `past_key_values.*` inputs as
 NumPy arrays; a crop is a slice, made contiguous at the next forward. One of kv.ModelRunner's two
-layouts; runtime/kv_shared.py is the other, with the same methods.
+layouts; runtime/engine/kv_shared.py is the other, with the same methods.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.kv_graph import GraphSignature, as_float32
+from edgespec.runtime.engine.kv_graph import GraphSignature, as_float32
 
 
 class CopyLayout:

@@ -1,7 +1,7 @@
 """A runner's prefill graph (export/prefill_graph.py): the same graph computing in fp32, for forwards of
 PREFILL_GRAPH_TOKENS or more, given when the runner is made or built for the first long prompt that
 needs it; `rows` counts the leading cached positions it computed, which prefix reuse may keep
-(runtime/prefix.py) where it is chunk-invariant on this machine (`check_chunks`).
+(runtime/engine/prefix.py) where it is chunk-invariant on this machine (`check_chunks`).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import warnings
 from typing import Callable
 
 from edgespec.errors import BundleError
-from edgespec.runtime.kv_graph import PAD_ROWS_KEY, graph_io, graph_meta
+from edgespec.runtime.engine.kv_graph import PAD_ROWS_KEY, graph_io, graph_meta
 
 # Forwards this long or longer run on the prefill graph where there is one. The int4 1.5B, 2-core Xeon,
 # prefill of 64 / 128 / 512 tokens: 0.81 / 1.56 / 6.51 s on the graph, 0.77 / 1.32 / 5.23 s on the
@@ -28,7 +28,7 @@ class PrefillGraph:
     shortest prompt it takes (`from_tokens`, at least PREFILL_GRAPH_TOKENS), the attention pad rows it
     feeds (`pad_rows`: the runner's graph's until a session is attached), its chunk verdict and the rows
     it computed. `remember_chunks(probe) -> verdict` probes only where no verdict is known for this
-    machine (runtime/verdicts.py)."""
+    machine (runtime/engine/verdicts.py)."""
 
     def __init__(self, role: str, pad_rows: int, factory: Callable[[], object] | None = None,
                  from_tokens: int = PREFILL_GRAPH_TOKENS,

@@ -6,13 +6,13 @@ input_ids, the attention mask and the logits, and a rollback is a change of `len
 on the EP's device (CPU memory, or CUDA/DirectML OrtValues on a GPU EP) and the logits are bound to host
 memory, so on a GPU only the logits rows cross the bus. Capacity grows by doubling (one copy of the
 cache per growth); `reserve(n)` sizes it up front so a generation never grows it. One of
-kv.ModelRunner's two layouts; runtime/kv_copy.py is the other, with the same methods.
+kv.ModelRunner's two layouts; runtime/engine/kv_copy.py is the other, with the same methods.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.kv_graph import LOGITS_TO_KEEP, GraphSignature, as_float32, keep_feed
+from edgespec.runtime.engine.kv_graph import LOGITS_TO_KEEP, GraphSignature, as_float32, keep_feed
 
 CAPACITY_STEP = 256
 KEPT_LOGITS_ROWS = 16      # a logits buffer up to this many rows is kept for the next forward; a prefill's is not

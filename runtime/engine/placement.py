@@ -1,6 +1,6 @@
 """Where ONNX Runtime placed a graph's nodes, and where a shared KV cache may live because of it.
 
-The shared KV layout (runtime/kv.py) binds one buffer per layer as both `past_key_values.*` and
+The shared KV layout (runtime/engine/kv.py) binds one buffer per layer as both `past_key_values.*` and
 `present.*`, and the attention node writes the new positions into it in place. That is sound only when
 the node that writes the cache runs on the EP whose memory holds the buffer: under `ep="cuda"` an fp32
 builder graph's GroupQueryAttention has no CUDA kernel and runs on the CPU EP, so ORT hands it host
@@ -8,7 +8,7 @@ copies of CUDA buffers, it writes into the copies, and the cache on the GPU is g
 step on, with no error (seen on an H100: docs/results.md).
 
 `read_placement(session)` asks ORT which EP runs each node: `InferenceSession.get_provider_graph_assignment_info()`
-(ORT 1.24+, with the session config entry RECORD_KEY set at creation: runtime/sessions.py sets it for
+(ORT 1.24+, with the session config entry RECORD_KEY set at creation: runtime/engine/sessions.py sets it for
 every non-CPU session). Older builds give None, and the caller relies on its numeric probe
 (kv.ModelRunner.probe_shared_layout) alone. `kv_placement(nodes, ...)` is the decision, a pure function
 that tests feed: the EP every KV-writing node runs on (the shared buffers then live in that EP's memory),

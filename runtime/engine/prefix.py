@@ -9,7 +9,7 @@ leaves nothing to reuse: the next call starts cold, never from a half-written KV
 The target keeps at most len(prompt) - 1 positions: the prompt's last token is always run, since its
 logits give the first new token. Reused positions were computed by the earlier call's forwards (its
 prefill and its verify forwards); a cold prefill computes the same function over the same tokens, and
-on graphs whose 1-token kernel path differs every such forward was padded (runtime/kv.py), so the
+on graphs whose 1-token kernel path differs every such forward was padded (runtime/engine/kv.py), so the
 positions hold what a cold prefill puts there up to float summation order. tests/test_long_prompts.py
 checks that the tokens equal a cold call's.
 

@@ -3,7 +3,7 @@
 `check_device_session(runner, session_ep, exact)` (kv.ModelRunner calls it for every session whose
 first EP is not the CPU's) settles two things on the machine itself, in a few forwards of a fresh
 cache, and says once what a user should know:
-- the KV layout (runtime/placement.py): the shared buffers in the memory of the EP that runs
+- the KV layout (runtime/engine/placement.py): the shared buffers in the memory of the EP that runs
   attention, kept only if `shared_layout_diff` finds the shared layout's logits equal to the copy
   layout's; else the copy layout;
 - 1-token steps: where a 1-token step computes other bits than the same position inside a 4-token
@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from edgespec.runtime.placement import DEVICE, KVPlacement, kv_placement, read_placement
+from edgespec.runtime.engine.placement import DEVICE, KVPlacement, kv_placement, read_placement
 
 # the shared layout is sound where its logits are within this share of the copy layout's largest logit
 # (fp16 kernels differ by ~1e-3 of it; a cache written off its device by 0.5 and more)

@@ -21,7 +21,7 @@ threads; with a drafter beside it the target stops too, or its spinning slows th
 figures: docs/results.md.
 `threads=None` means every core this process may use (`allowed_cores`: its CPU affinity, SMT siblings
 counted once, a cgroup CPU quota), as onnxruntime-genai does, until this machine's device profile has
-measured how a step scales with threads and chosen fewer (runtime/device_profile.py, `thread_scaling`).
+measured how a step scales with threads and chosen fewer (runtime/planning/device_profile.py, `thread_scaling`).
 An explicit `threads=n` uses n threads: a whole number from 1 to MAX_THREADS (`check_threads`; anything
 else, 2.7, 0, "2", True, is a one-line EPError), and more than the allowed cores are capped to them, said
 in one line (`resolve_threads`).
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from edgespec.errors import BundleError, EPError, GenerationError
-from edgespec.runtime.kv import AUTO_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
-from edgespec.runtime.placement import RECORD_KEY
+from edgespec.runtime.engine.kv import AUTO_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
+from edgespec.runtime.engine.placement import RECORD_KEY
 
 EP_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -220,7 +220,7 @@ def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu
     only_cpu = all(n == CPU for n in names)
     so = session_options(threads, "threads" if role in ("model", "target") else f"{role} threads",
                          stop_spinning=stop_spinning)
-    if not only_cpu:                # which EP runs each node (runtime/placement.py: the KV layout's soundness)
+    if not only_cpu:                # which EP runs each node (runtime/engine/placement.py: the KV layout's soundness)
         so.add_session_config_entry(RECORD_KEY, "1")
     available = list(ort.get_available_providers())
     if names[0] not in available and not allow_fallback:     # refuse before ORT warns and prints about it
@@ -332,7 +332,7 @@ def prefill_graph_request(bundle, setting, ep, target_request: dict, defer: bool
     """(the prefill graph's session request or None, whether to build it now, the shortest prompt it
     takes). "auto": where the bundle has one and the EP is the CPU's, prompts of AUTO_PREFILL_GRAPH_TOKENS
     or more, built for the first (now with defer_drafter=False); True: required, built now, prompts of
-    PREFILL_GRAPH_TOKENS or more; False: never (runtime/kv.py)."""
+    PREFILL_GRAPH_TOKENS or more; False: never (runtime/engine/kv.py)."""
     if setting != "auto" and not isinstance(setting, bool):
         raise GenerationError(f"prefill_graph must be 'auto', True or False, got {setting!r}")
     if not setting:

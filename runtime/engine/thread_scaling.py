@@ -1,11 +1,11 @@
 """How a step scales with intra-op threads, and how busy other processes keep the machine: the parts of
-the device profile (runtime/device_profile.py) that are about the CPU rather than the bundle.
+the device profile (runtime/planning/device_profile.py) that are about the CPU rather than the bundle.
 
 `scale_threads` times a 1-token step at 1, 2, 4, ... threads up to the allowed physical cores
 (sessions.allowed_cores) and stops at the first count that is not SCALING_GAIN faster than the best
 fewer threads gave: more threads than pay only contend (and on a shared machine they lose outright).
 `cpu_seconds` and `others_busy_now` read /proc/stat: a profile measured while other processes kept
-BUSY_CORES busy is marked, and measured again when the machine is quieter (runtime/device_plan.py).
+BUSY_CORES busy is marked, and measured again when the machine is quieter (runtime/planning/device_plan.py).
 """
 from __future__ import annotations
 

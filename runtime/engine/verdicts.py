@@ -1,7 +1,7 @@
 """What a graph file has been measured to do on this machine, remembered beside the file's digest.
 
 Some properties of a graph are facts about the kernels that run it, not about its bytes: whether the
-target's prefill graph gives the same bits in one forward or in two (runtime/probes.py
+target's prefill graph gives the same bits in one forward or in two (runtime/engine/probes.py
 `prefill_chunks_exact`, 1.0 s on the int4 1.5B) depends on ONNX Runtime's version, the CPU's
 instruction set and the thread count. `remembered` keeps such a verdict in the digest memory
 (edgespec/hashing.py: <edgespec cache>/digests.json), under a name that holds all three, for the file

@@ -6,18 +6,18 @@ sessions: the plan's graph runs the target for the decoder's whole life. `curren
 graph at the acceptance measured so far (the drafter's draft-length governor: decayed counts per draft
 position over the drafter's whole life in this decoder, once MIN_REACHED positions were reached), which
 decides, before each generation of strategy="auto", whether the drafter runs and the range of gamma
-(runtime/plan.py): a drafter starts where it beats plain decoding by DRAFTER_MARGIN on paper, and a
+(runtime/planning/plan.py): a drafter starts where it beats plain decoding by DRAFTER_MARGIN on paper, and a
 running one stops only below KEEP_MARGIN, both counting the drafter's window fill per token as measured
 in this decoder's generations that ran it. Where the plan's steps pad, it also books how often a lookup
 guess would have been kept on each output (lookup.guess_record), which decides between padded plain
-steps with guesses and unpadded 1-token ones (runtime/plan.py). The formula is the prior: once a
+steps with guesses and unpadded 1-token ones (runtime/planning/plan.py). The formula is the prior: once a
 generation has speculated, what such generations realized decides (`realized_speedup`: their decode
 rate, window fill and catch-up included, over the target's own 1-token steps at their own context and
 load, an average weighted REALIZED_WEIGHT to the latest): the drafter runs while its generations'
 average is KEEP_MARGIN or more, and without it lookup drafts run while theirs is (`_plain_mode`).
 Where the drafter stopped paying, every REPROBE_EVERY-th generation still runs it, so that what it does
 on the prompts this app sends keeps being measured. Inside a generation the draft-length governor moves
-between drafter rounds and plain steps round by round (runtime/governor.py); a generation's choice
+between drafter rounds and plain steps round by round (runtime/round/governor.py); a generation's choice
 between exact and unpadded steps is made before it starts (the lossless rule, docs/runtime.md).
 
 Without a cached profile ($EDGESPEC_DEVICE_PROFILE=auto, a decoder made with strategy "auto" on any EP,
@@ -45,10 +45,10 @@ from collections import deque
 from dataclasses import replace
 from statistics import median
 
-from edgespec.runtime.device_profile import ensure_profile, graph_paths, profile_mode
-from edgespec.runtime.lookup import guess_record
-from edgespec.runtime.plan import DRAFTER_MARGIN, KEEP_MARGIN, make_plan
-from edgespec.runtime.thread_scaling import BUSY_CORES, others_busy_now
+from edgespec.runtime.planning.device_profile import ensure_profile, graph_paths, profile_mode
+from edgespec.runtime.samplers.lookup import guess_record
+from edgespec.runtime.planning.plan import DRAFTER_MARGIN, KEEP_MARGIN, make_plan
+from edgespec.runtime.engine.thread_scaling import BUSY_CORES, others_busy_now
 
 MIN_REACHED = 64         # draft positions reached before the measured acceptance replaces the prior
 REPROBE_EVERY = 8        # generations without the drafter between two with it, once it stopped paying

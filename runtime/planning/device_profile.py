@@ -23,11 +23,11 @@ the int4 Qwen2.5-Coder 1.5B's padded-attention graph is exact on a 2-core AVX-51
 
 `ensure_profile` reads the profile from <edgespec cache>/profiles/, or measures and writes it there.
 Its key holds the bundle's graph digests (the manifest's sha256 of each target graph and the drafter's),
-ONNX Runtime's version, the CPU signature (runtime/verdicts.py), the thread setting ("auto" or a pinned
+ONNX Runtime's version, the CPU signature (runtime/engine/verdicts.py), the thread setting ("auto" or a pinned
 count), the allowed cores and the EP (a GPU's profile plans its decoders as the CPU's plans theirs), and
 is both the
 file's name and part of its content: a profile of another bundle, ORT, CPU or thread count is never
-read, and a damaged one is measured again, saying so in one line. runtime/plan.py turns a profile into
+read, and a damaged one is measured again, saying so in one line. runtime/planning/plan.py turns a profile into
 a plan; `edgespec doctor` prints both.
 """
 from __future__ import annotations
@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.paths import cache_home
-from edgespec.runtime.thread_scaling import (BUSY_CORES, cpu_seconds, others_busy, probe_step, scale_threads,
+from edgespec.runtime.engine.thread_scaling import (BUSY_CORES, cpu_seconds, others_busy, probe_step, scale_threads,
                                              session_threads)
-from edgespec.runtime.verdicts import cpu_signature
+from edgespec.runtime.engine.verdicts import cpu_signature
 
 VERSION = 1
 PREFIX = 16            # prefilled positions before the probe
@@ -73,7 +73,7 @@ class GraphProfile:
 
     def step_ms(self) -> float | None:
         """An exact plain step's cost on this graph: a 1-token forward, or a 2-token one where 1-token
-        forwards are not exact (runtime/kv.py pads them); None where unknown or no step is exact."""
+        forwards are not exact (runtime/engine/kv.py pads them); None where unknown or no step is exact."""
         if not self.measured or not self.wide_exact and not self.one_token_exact:
             return None
         k = 1 if self.one_token_exact else 2
@@ -154,7 +154,7 @@ def profile_key(bundle, threads: int | None, ep="cpu") -> dict:
     core count (a profile of `threads=None` chose its thread counts for this many cores)."""
     import onnxruntime as ort  # lazy, as everywhere in the runtime
 
-    from edgespec.runtime.sessions import allowed_cores, resolve_providers
+    from edgespec.runtime.engine.sessions import allowed_cores, resolve_providers
 
     files = bundle.manifest.get("files") or {}
     paths = dict(graph_paths(bundle))
@@ -254,8 +254,8 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
     threads are not scaled and the prefill graph, a CPU graph, is left out). `sessions`: {graph path: ORT
     session} already built (the decoder's), reused where their thread count is the one measured; other
     graphs and counts get sessions of their own, freed after."""
-    from edgespec.runtime.kv import ModelRunner
-    from edgespec.runtime.sessions import allowed_cores, create_session, is_cpu_only, resolve_threads
+    from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.sessions import allowed_cores, create_session, is_cpu_only, resolve_threads
 
     t0, cpu0 = time.perf_counter(), cpu_seconds()
     built = {(Path(p), session_threads(s)): s for p, s in (sessions or {}).items()}
@@ -329,10 +329,10 @@ def ensure_profile(bundle, threads: int | None, remeasure: bool = False, ep="cpu
 
 
 def plan_for(bundle, threads: int | None, ep="cpu", graph: str | None = None, acceptance: float | None = None):
-    """(the cached profile or None, the plan): runtime/plan.py's `make_plan` on this machine's cached
+    """(the cached profile or None, the plan): runtime/planning/plan.py's `make_plan` on this machine's cached
     profile for `ep`; the export's plan without one or with $EDGESPEC_DEVICE_PROFILE=off. Measures
     nothing. `graph`: plan on that graph variant only (a decoder whose target session is made)."""
-    from edgespec.runtime.plan import export_plan, make_plan
+    from edgespec.runtime.planning.plan import export_plan, make_plan
 
     profile = None
     if profile_mode() != "off":

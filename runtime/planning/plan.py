@@ -1,10 +1,10 @@
 """The decoding plan for a bundle on this machine: a pure function of (device profile, acceptance so far).
 
-`make_plan(profile, acceptance)` (runtime/device_profile.py measures the profile) decides:
+`make_plan(profile, acceptance)` (runtime/planning/device_profile.py measures the profile) decides:
 
 - **which graph runs the exact steps**: among the target's graph variants whose forwards of 2+ tokens
   agree here (`wide_exact`), the one whose exact plain step is cheapest: a 1-token forward where
-  1-token forwards are exact here, else a 2-token forward (runtime/kv.py pads it, `step_tokens` 2);
+  1-token forwards are exact here, else a 2-token forward (runtime/engine/kv.py pads it, `step_tokens` 2);
 - **whether the drafter pays at all**: on each such graph, with c(k) its measured k-token forward, d the
   drafter's step and alpha the acceptance per draft position (the running one, else PRIOR_ACCEPTANCE),
 
@@ -12,17 +12,17 @@
       rate(gamma) = 1 / ((gamma * d + c(gamma + 1)) / tau(gamma) + f)     tokens per ms;   rate(0) = 1 / step
 
   with f the drafter's window fill per committed token, as measured in this decoder's generations with
-  the drafter (runtime/device_plan.py; 0 before any): left out, the fill made the formula promise speedups
+  the drafter (runtime/planning/device_plan.py; 0 before any): left out, the fill made the formula promise speedups
   that were not measured (docs/results.md).
 
   The drafter starts only where the best speculative rate beats the best exact plain rate by DRAFTER_MARGIN
   (what the formula leaves out: the drafter's window fill and catch-up, sampling, the round's
   bookkeeping); otherwise the default decodes plainly and never builds the drafter. A drafter that runs
-  stops only where it does not pay even on paper (KEEP_MARGIN: a hysteresis, runtime/device_plan.py):
+  stops only where it does not pay even on paper (KEEP_MARGIN: a hysteresis, runtime/planning/device_plan.py):
   acceptance differs by prompt far more than the formula errs, and a round that does not pay falls back
-  to a plain step anyway (runtime/governor.py);
+  to a plain step anyway (runtime/round/governor.py);
 - **the range of gamma**: 1..gamma_max, the draft lengths whose rate is within GAMMA_SLACK of the best at
-  the acceptance or the prior, whichever is higher (the draft-length governor, runtime/governor.py,
+  the acceptance or the prior, whichever is higher (the draft-length governor, runtime/round/governor.py,
   chooses inside it per round, from the acceptance of the prompt at hand);
 - **lookup guesses**: free where the step pads to 2 tokens (the guess takes the padded row), else the
   governor's (they widen the forward: Governor.guess_pays);
@@ -30,7 +30,7 @@
   a generation that speculates nowhere is the target's own decoding with 1-token forwards (what
   onnxruntime-genai runs), and that is faster than padded steps with lookup guesses unless the guesses
   keep more than c(2) / c(1) - 1 of the steps (the kept share measured on this app's outputs,
-  runtime/device_plan.py, else LOOKUP_PRIOR). The drafter must beat that rate too, not only the padded
+  runtime/planning/device_plan.py, else LOOKUP_PRIOR). The drafter must beat that rate too, not only the padded
   one, which is slower where a padded step costs much more than a 1-token one (docs/results.md).
 
 Without a profile (none measured yet on this machine, a GPU EP, or $EDGESPEC_DEVICE_PROFILE=off) the plan
@@ -108,7 +108,7 @@ def round_rate(cost: list[float], drafter_ms: float, alpha: float, gamma: int, f
 
 def gamma_range(cost: list[float], drafter_ms: float, alpha: float, max_gamma: int = MAX_GAMMA) -> int:
     """The longest draft whose rate on paper is within GAMMA_SLACK of the best, at acceptance alpha: the
-    governor (runtime/governor.py) chooses inside 1..this per round (the fill does not depend on gamma,
+    governor (runtime/round/governor.py) chooses inside 1..this per round (the fill does not depend on gamma,
     so it is left out here). The caller passes at least the prior: the lifetime acceptance averages
     prompts whose drafts are accepted far more often than others, and a range cut to the average holds
     those back (docs/results.md)."""

@@ -1,8 +1,8 @@
 """The records that carry one generation's decisions and results between the decoder, the round and the
-planning (runtime/device_plan.py), so that none of them reads another's state:
+planning (runtime/planning/device_plan.py), so that none of them reads another's state:
 
 - `StepPlan`: how this generation's target steps run, decided once when it starts from the decoder's
-  plan (runtime/plan.py) and its variant's config. The round (rounds.py), the generation
+  plan (runtime/planning/plan.py) and its variant's config. The round (rounds.py), the generation
   (generation.py) and the planning read it; nothing else decides these.
 - `GenerationRecord`: what a finished generation hands the planning: its stats, its ids, its step plan
   and the acceptance of its drafter rounds.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgespec.runtime.plan import MAX_GAMMA
+from edgespec.runtime.planning.plan import MAX_GAMMA
 
 
 @dataclass(frozen=True)

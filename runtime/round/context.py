@@ -4,13 +4,13 @@ Same tokenizer: drafter ids are target ids (identity; nothing to do).
 
 Different tokenizers (`HeteroContext`), per committed target token t:
 1. a draft token the target accepted is already in the drafter's tokens (it was fed while drafting);
-2. else t maps through `target_to_drafter` (same bytes, Ġ/▁ and byte-fallback aware: runtime/vocab.py);
+2. else t maps through `target_to_drafter` (same bytes, Ġ/▁ and byte-fallback aware: runtime/bundle/vocab.py);
 3. else (no counterpart, e.g. a long target token the drafter lacks): *resync*. Take the committed
    text tail = the last few drafter tokens (the lookbehind) + t's bytes, re-tokenise it with the
    drafter tokenizer, and replace those tokens. The caller crops the drafter KV back to the stable
    prefix (the tokens before the lookbehind) and feeds the rest in its next forward.
 
-Text is handled as bytes (token tables from runtime/vocab.py, re-encoded by runtime/reencode.py's
+Text is handled as bytes (token tables from runtime/bundle/vocab.py, re-encoded by runtime/bundle/reencode.py's
 `ByteEncoder.encode_exact`), so a multi-byte character split across tokens survives. Bytes that are not
 valid UTF-8 on their own become the drafter's byte tokens (`<0xNN>` or a GPT-2 byte character) when it
 has them. Target special tokens map to drafter special
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.reencode import ByteEncoder
-from edgespec.runtime.vocab import SPECIAL_PREFIX, token_table
+from edgespec.runtime.bundle.reencode import ByteEncoder
+from edgespec.runtime.bundle.vocab import SPECIAL_PREFIX, token_table
 
 LOOKBEHIND = 4          # drafter tokens re-tokenised together with an unmappable target token
 

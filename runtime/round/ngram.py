@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.answer_store import MAX_MATCH, MAX_STORE_DRAFT, Match
-from edgespec.runtime.lookup import DEFAULT_MAX_N, STORE_MIN_MATCH, lookup
-from edgespec.runtime.rounds import Draft, draft_tokens, lookup_draft
+from edgespec.runtime.samplers.answer_store import MAX_MATCH, MAX_STORE_DRAFT, Match
+from edgespec.runtime.samplers.lookup import DEFAULT_MAX_N, STORE_MIN_MATCH, lookup
+from edgespec.runtime.round.rounds import Draft, draft_tokens, lookup_draft
 
 COMBINED_MIN_N = 2          # ngram-tli in drafter mode: a 1-token match is a weaker guess than the drafter's
 HIT_EMA = 0.25              # ngram-tli: weight of this round in the lookup's hit rate

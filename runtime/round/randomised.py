@@ -51,8 +51,8 @@ from typing import Callable
 
 import numpy as np
 
-from edgespec.runtime.rounds import Draft, draft_tokens
-from edgespec.runtime.verify import residual
+from edgespec.runtime.round.rounds import Draft, draft_tokens
+from edgespec.runtime.samplers.verify import residual
 
 
 def acceptance_rate(p: np.ndarray, q: np.ndarray, a: float) -> float:

@@ -20,10 +20,10 @@ from typing import Callable
 
 import numpy as np
 
-from edgespec.runtime.grammar import mask_logits
-from edgespec.runtime.lookup import lookup, with_store
-from edgespec.runtime.sampling import probabilities, sample
-from edgespec.runtime.verify import verify_greedy, verify_sampled
+from edgespec.runtime.samplers.grammar import mask_logits
+from edgespec.runtime.samplers.lookup import lookup, with_store
+from edgespec.runtime.samplers.sampling import probabilities, sample
+from edgespec.runtime.samplers.verify import verify_greedy, verify_sampled
 
 
 MAX_FORCED = 16             # forced tokens drafted in one round (a wider verify forward costs more)

@@ -28,9 +28,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from edgespec.runtime.reencode import ByteEncoder
-from edgespec.runtime.rounds import Draft
-from edgespec.runtime.vocab import as_tokenizer, token_table
+from edgespec.runtime.bundle.reencode import ByteEncoder
+from edgespec.runtime.round.rounds import Draft
+from edgespec.runtime.bundle.vocab import as_tokenizer, token_table
 
 
 @dataclass
@@ -146,7 +146,7 @@ class SlemTranslator:
         return self._target.encode_bytes(data, self._target.encode_continuation)
 
     def _encode_no_dummy_prefix(self, data: bytes) -> list[int]:
-        """Encode text that continues a line (runtime/reencode.py, `ByteEncoder.encode_continuation`)."""
+        """Encode text that continues a line (runtime/bundle/reencode.py, `ByteEncoder.encode_continuation`)."""
         return self._target.encode_continuation(data.decode("utf-8"))
 
 

@@ -4,7 +4,7 @@ lookahead of ONE drafter token.
 Alg. 3 samples drafter tokens d_1..d_i, tokenises their string into target tokens and verifies the first,
 t_1, by rejection sampling against psi(t_1), the probability that the procedure proposes t_1 (Thm. 3.2).
 With i = 1 and t_1 = first(d), the longest target token whose string prefixes d's (decoded bytes:
-runtime/vocab.py, so byte-level `Ġ` and SentencePiece `▁` compare):
+runtime/bundle/vocab.py, so byte-level `Ġ` and SentencePiece `▁` compare):
 
     psi_1(t) = sum_{d : first(d) = t} q(d)
 
@@ -23,9 +23,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.tli import KeptColumns, kept_columns, target_argmax, tli_column_probs
-from edgespec.runtime.vocab import token_table
+from edgespec.runtime.samplers.sampling import SamplingParams
+from edgespec.runtime.samplers.tli import KeptColumns, kept_columns, target_argmax, tli_column_probs
+from edgespec.runtime.bundle.vocab import token_table
 
 MAX_KEY_BYTES = 128          # longer keys are never prefixes worth matching (runs of spaces, '=' ...)
 

@@ -36,10 +36,13 @@ from typing import Any, Callable
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime import ngram, rdk, slem, slrs
-from edgespec.runtime.rounds import accept_tokens, draft_tokens
-from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.tli import kept_columns, tli_distribution, tli_greedy
+from edgespec.runtime.round import ngram
+from edgespec.runtime.samplers import rdk
+from edgespec.runtime.round import slem
+from edgespec.runtime.round import slrs
+from edgespec.runtime.round.rounds import accept_tokens, draft_tokens
+from edgespec.runtime.samplers.sampling import SamplingParams
+from edgespec.runtime.samplers.tli import kept_columns, tli_distribution, tli_greedy
 
 
 def _default_greedy(strategy: "Strategy") -> Callable:
@@ -152,7 +155,7 @@ def choose_auto(bundle, greedy: bool, randomised: bool = False, drafter: bool = 
     prompt gave 1.0 (benchmarks/window_sweep.py, calib split). Randomised drafting needs a token-level
     strategy: TLI.
 
-    The device plan (runtime/plan.py) may say the drafter does not pay on this machine (`drafter=False`:
+    The device plan (runtime/planning/plan.py) may say the drafter does not pay on this machine (`drafter=False`:
     prompt lookup alone, `ngram`), that unpadded 1-token steps beat padded ones with lookup guesses
     (`fast_plain`: `ar`, run with plain_steps="fast"), or that no speculation is exact here (`exact=False`: `ar`)."""
     if not exact:

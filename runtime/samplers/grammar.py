@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.tli import tli_greedy
+from edgespec.runtime.samplers.sampling import SamplingParams
+from edgespec.runtime.samplers.tli import tli_greedy
 
 # JSON separators of the generated text: one fixed way to write whitespace, so that keys, colons and
 # commas are forced tokens (free drafts) instead of choices. Models that pretty-print (Qwen2.5-Coder)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from edgespec.runtime.answer_store import MAX_MATCH
+from edgespec.runtime.samplers.answer_store import MAX_MATCH
 
 DEFAULT_MAX_N = 4           # the longest suffix searched (ngram_max_n)
 # the shortest store match that drafts: shorter ones are chance in other requests' text (on new text the

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.errors import BundleError, GenerationError
-from edgespec.runtime.sampling import SamplingParams
-from edgespec.runtime.tli import KeptColumns, kept_columns, target_argmax, tli_column_probs, tli_distribution
+from edgespec.runtime.samplers.sampling import SamplingParams
+from edgespec.runtime.samplers.tli import KeptColumns, kept_columns, target_argmax, tli_column_probs, tli_distribution
 
 
 # --------------------------------------------------------------------------- Taylor RDK (Eq. 3)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.errors import GenerationError
-from edgespec.runtime.sampling import SamplingParams, softmax, top_k_mask, top_p_mask
+from edgespec.runtime.samplers.sampling import SamplingParams, softmax, top_k_mask, top_p_mask
 
 
 @dataclass

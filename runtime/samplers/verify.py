@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.sampling import sample
+from edgespec.runtime.samplers.sampling import sample
 
 
 def accept_probability(p_at: np.ndarray, q_at: np.ndarray, a: float = 1.0) -> np.ndarray:

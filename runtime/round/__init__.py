@@ -1,0 +1,1 @@
+"""edgespec.runtime.round: the round: strategies, the proposers (drafter, lookup, randomised, string-level), `speculative_round`, the drafter's context, the draft-length governor (docs/runtime.md, "Modules")."""
