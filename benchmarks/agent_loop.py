@@ -32,14 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import openai
+
+from edgespec.serve.process import ServeProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_tasks import FINISH, FINISH_SYSTEM, SYSTEM, TOOLS, Task, call_tool, tasks  # noqa: E402
@@ -49,44 +48,18 @@ STEP_STATS = ("prefill_ms", "reused_tokens", "verify_forwards", "drafted", "acce
               "store_accepted", "guesses", "guesses_accepted", "forced", "forced_accepted")
 
 
-class Server:
-    """`python -m edgespec serve --bundle B --port 0 ARGS` in a subprocess; the URL from its startup line."""
+class Server(ServeProcess):
+    """The agent's server: `edgespec serve` in a child process, served as MODEL; a long start allowed (the
+    1.5B pair's first load checks its files)."""
 
     def __init__(self, bundle, *args: str, startup_s: float = 900):
-        cmd = [sys.executable, "-m", "edgespec", "serve", "--bundle", str(bundle), "--port", "0",
-               "--model-name", MODEL, *args]
-        self.args = args
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        ready = threading.Event()
+        super().__init__(bundle, "--model-name", MODEL, *args, startup_s=startup_s)
 
-        def drain():
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                if "http://" in line:
-                    ready.set()
-            ready.set()
+    def client(self, **kw):
+        return super().client(timeout=3600, **kw)
 
-        threading.Thread(target=drain, daemon=True).start()
-        ready.wait(startup_s)
-        line = next((x for x in self.lines if "http://" in x), None)
-        if line is None or self.proc.poll() is not None:
-            self.stop()
-            raise SystemExit("edgespec serve did not start:\n" + "".join(self.lines[-20:]))
-        self.url = "http://" + line.rsplit("http://", 1)[1].split()[0]
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=3600)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+    def stop(self, wait_s: float = 60) -> int:
+        return super().stop(wait_s)
 
 
 def run_loop(client: openai.OpenAI, task: Task, max_steps: int = 12, max_tokens: int = 1024,

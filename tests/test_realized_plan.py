@@ -1,6 +1,7 @@
 """The plan corrected by what it measures (runtime/planning/device_plan.py): the AVX2 EPYC's profile (measured there
 on 2026-11-27, tests/data/profiles) gives that machine's plan, and the drafter's realized speedup, not
 the formula, decides whether it keeps running, with a bounded share of re-probes."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -57,6 +58,20 @@ def test_realized_speedup_reads_the_generation_at_its_own_context(avx2):
         assert realized_speedup(drafter_generation(avx2, 1.2, slower), avx2, plan) == pytest.approx(1.2)
     assert realized_speedup(GenerationStats(new_tokens=4, prefill_tokens=1), avx2, plan) is None
     assert realized_speedup(drafter_generation(avx2, 1.0), None, plan) is None
+
+
+def test_forced_tokens_are_free_to_the_targets_own_decoding_too(avx2):
+    """Under a grammar, plain decoding with jump-forward also gets the forced tokens in its forwards: a
+    tool call whose 16 tokens are 11 forced ones (what an agent's run_tests call was on 2026-11-28) is
+    judged against 5 steps, not 16; the drafter's 1.2x over 16 steps is 0.375x over 5."""
+    plan = make_plan(avx2)
+    stats = drafter_generation(avx2, 1.2)
+    free = dataclasses.replace(stats, forced=TOKENS * 11 // 16, forced_accepted=TOKENS * 11 // 16)
+    assert realized_speedup(free, avx2, plan) == pytest.approx(1.2 * (TOKENS - TOKENS * 11 // 16) / TOKENS)
+    planning = DevicePlanning(None, 2, "cpu", avx2, make_plan(avx2, 0.9), measure=False)
+    assert planning.current().drafter
+    planning.after_generation(record(free), None)
+    assert not planning.current().drafter
 
 
 def test_a_drafter_that_loses_as_run_stops_within_a_few_generations(avx2):

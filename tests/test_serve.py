@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import pytest
 
 from edgespec.errors import GenerationError
 from edgespec.runtime import Bundle, SpeculativeDecoder
+from edgespec.serve.process import ServeProcess
 
 pytestmark = pytest.mark.real
 
@@ -36,44 +35,7 @@ def bundle_path(request) -> Path:
     return Path(env) if env else request.getfixturevalue("smollm_self_bundle")
 
 
-class Server:
-    """`python -m edgespec serve ... --port 0`; the port comes from its one startup line."""
-
-    def __init__(self, bundle: Path, *args: str, env: dict | None = None):
-        cmd = [sys.executable, "-m", "edgespec", "serve", "--bundle", str(bundle), "--port", "0", *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, **(env or {})))
-        self.lines: list[str] = []
-        ready = threading.Event()
-
-        def drain():
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                if "http://" in line:
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=drain, daemon=True).start()
-        ready.wait(180)
-        line = next((x for x in self.lines if "http://" in x), None)
-        if line is None or self.proc.poll() is not None:
-            self.stop()
-            raise AssertionError("server did not start:\n" + "".join(self.lines))
-        self.url = "http://" + line.rsplit("http://", 1)[1].split()[0]
-        self.startup_line = line
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+Server = ServeProcess         # the real server in a child process (edgespec.serve.process)
 
 
 @pytest.fixture(scope="module")
@@ -263,3 +225,13 @@ def test_library_stop_of_the_wrong_type_is_an_edgespec_error(ref):
         with pytest.raises(GenerationError, match="stop must be"):
             ref.generate("hello", max_new_tokens=2, stop=stop)
     assert ref.generate("hello", max_new_tokens=2, stop=("zzz",)).token_ids
+
+
+def test_a_server_that_cannot_start_says_why_in_one_line(tmp_path):
+    """ServeProcess (what apps, tests and benchmarks start): a bundle that is not there is one line naming
+    the server's own error, not a hang or a traceback."""
+    from edgespec.errors import EdgespecError
+    with pytest.raises(EdgespecError) as e:
+        ServeProcess(tmp_path / "no-bundle", startup_s=120)
+    assert str(e.value).startswith("edgespec serve did not start: ") and "\n" not in str(e.value)
+    assert "no-bundle" in str(e.value), str(e.value)

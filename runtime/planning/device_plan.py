@@ -258,7 +258,9 @@ def realized_speedup(stats, profile, plan) -> float | None:
     `ar-fast`, what onnxruntime-genai runs) on the plan's graph, at this generation's context and load: its
     time after the first token (window fill and catch-up included, session builds not) per token, against
     the profile's 1-token step scaled by how much slower than the profile this generation's own target
-    forwards ran. None without a profile or enough tokens."""
+    forwards ran. Under a grammar the target's own decoding gets the forced tokens for free too (a forced
+    run and the token after it in one forward: rounds.forced_round), so they are left out of the steps it
+    would take. None without a profile or enough tokens."""
     tokens = stats.new_tokens - stats.prefill_tokens
     g = profile.graphs.get(plan.step_graph) if profile is not None else None
     if g is None or not g.measured or tokens < MIN_REALIZED_TOKENS:
@@ -269,7 +271,8 @@ def realized_speedup(stats, profile, plan) -> float | None:
     if not ratios:
         return None
     decode_ms = stats.total_ms - stats.ttft_ms - stats.drafter_load_ms
-    return g.cost_ms[0] * median(ratios) * tokens / max(decode_ms, 1e-6)
+    own_steps = max(tokens - stats.forced_accepted, 1)
+    return g.cost_ms[0] * median(ratios) * own_steps / max(decode_ms, 1e-6)
 
 
 def wait_for_profile(decoder) -> None:
