@@ -25,23 +25,24 @@ FINISH_SYSTEM = SYSTEM.replace("reply with a short summary of what you changed",
                                "of what you changed")
 FINISH = {"type": "function", "function": {"name": "finish", "description": "End the task with a short summary of "
           "what you changed.", "parameters": {"type": "object", "properties": {"summary": {"type": "string"}},
-                                              "required": ["summary"]}}}
+                                              "required": ["summary"], "additionalProperties": False}}}
 
 TOOLS = [
     {"type": "function", "function": {"name": "list_files", "description": "List the project's files with their "
-     "line counts.", "parameters": {"type": "object", "properties": {}}}},
+     "line counts.", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}},
     {"type": "function", "function": {"name": "read_file", "description": "Read a file of the project.",
-     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+                    "additionalProperties": False}}},
     {"type": "function", "function": {"name": "write_file", "description": "Write a file of the project (its "
      "whole new content).", "parameters": {"type": "object", "properties": {"path": {"type": "string"},
                                                                           "content": {"type": "string"}},
-                                           "required": ["path", "content"]}}},
+                                           "required": ["path", "content"], "additionalProperties": False}}},
     {"type": "function", "function": {"name": "replace_in_file", "description": "Replace the first occurrence of "
      "`old` by `new` in a file.", "parameters": {"type": "object", "properties": {
          "path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
-         "required": ["path", "old", "new"]}}},
+         "required": ["path", "old", "new"], "additionalProperties": False}}},
     {"type": "function", "function": {"name": "run_tests", "description": "Run the project's tests and show "
-     "the report.", "parameters": {"type": "object", "properties": {}}}},
+     "the report.", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}},
 ]
 
 RUNNER = r'''
