@@ -34,7 +34,7 @@ import numpy as np
 
 from edgespec.errors import GenerationError
 from edgespec.runtime.samplers.answer_store import MAX_MATCH, MAX_STORE_DRAFT, Match
-from edgespec.runtime.samplers.lookup import DEFAULT_MAX_N, STORE_MIN_MATCH, lookup
+from edgespec.runtime.samplers.lookup import DEFAULT_MAX_N, lookup, store_wins
 from edgespec.runtime.round.rounds import Draft, draft_tokens, lookup_draft
 
 COMBINED_MIN_N = 2          # ngram-tli in drafter mode: a 1-token match is a weaker guess than the drafter's
@@ -69,7 +69,7 @@ class LookupState:
         store = gen.shared.answers
         if store is not None and store.docs:
             got, m = self.from_store(gen, store, history)
-            if m > n and m >= STORE_MIN_MATCH:
+            if store_wins(n, m):
                 found, n, self.stored = got, m, True
         if gen.drafter is None:
             self.found = found

@@ -10,8 +10,8 @@ just after that n-gram's latest occurrence, for n in ORDERS. A slot holds one po
 n-gram overwrites it. A hit is checked against the ring (the tokens, the document's scope, the document
 still alive), so a collision, an evicted document or another scope's text is a miss: answers of one
 scope never draft for another (docs/runtime.md, "Answer store"). The match found is extended backwards
-(up to MAX_MATCH tokens) and the draft is as long as the match (capped by the round's gamma and the
-document's end): a longer matched suffix earns a longer draft.
+(up to MAX_MATCH tokens) and can be followed round after round (`follow`); a draft is at most as long as
+the match and the document's rest, and within that as long as `draft_length`'s cost model says pays.
 
 Memory: every array is allocated at the first record and never grows; `nbytes` <= the setting. A new
 document evicts the oldest whole documents its tokens need room for (oldest first). Only completed

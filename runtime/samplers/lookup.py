@@ -30,6 +30,12 @@ def lookup(history: np.ndarray, max_n: int, gamma: int, min_n: int = 1) -> tuple
     return [], 0
 
 
+def store_wins(n: int, m: int) -> bool:
+    """Whether the answer store's match of m tokens replaces the prompt lookup's of n: longer, and
+    STORE_MIN_MATCH or more."""
+    return m > n and m >= STORE_MIN_MATCH
+
+
 def with_store(store, scope, history: np.ndarray, found: list[int], n: int, limit: int) -> tuple[list[int], int, bool]:
     """(tokens, match length, from the store): the answer store's continuation (at most as long as its
     match, and `limit`) when its match is longer than the prompt lookup's n and STORE_MIN_MATCH or more,
@@ -37,7 +43,7 @@ def with_store(store, scope, history: np.ndarray, found: list[int], n: int, limi
     if store is None or not store.docs:
         return found, n, False
     got, m = store.lookup(history[-MAX_MATCH:].tolist(), limit, scope)
-    return (got, m, True) if m > n and m >= STORE_MIN_MATCH else (found, n, False)
+    return (got, m, True) if store_wins(n, m) else (found, n, False)
 
 
 def guess_record(prompt_ids, output_ids, max_n: int = DEFAULT_MAX_N, limit: int = 512) -> tuple[int, int]:
