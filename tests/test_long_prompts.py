@@ -180,3 +180,23 @@ def test_a_short_prompt_fills_the_window_bounded_too(bundles, name):
     assert window // 4 < res.stats.prompt_tokens < window
     assert res.token_ids == ar.generate(prompt, max_new_tokens=N).token_ids
     assert seen[0] <= window // 4 + 1 and max(seen) > seen[0] and res.stats.draft_refills == 0
+
+
+@pytest.mark.parametrize("strategy", ["ngram", "auto"])
+def test_a_draft_kept_past_eos_leaves_the_prefix_reusable(bundles, strategy):
+    """The answer store drafts an earlier answer past the token that ends this one (an agent's answer,
+    stored with the prompt that followed it: `</tool_call><|im_end|>\\n<|im_start|>...`), and the target keeps
+    drafts after it: the KV then holds positions past the output's ids. They are cropped at the end, so
+    the next call still reuses the prompt's KV (it reused nothing while the KV and its ids disagreed)."""
+    dec = SpeculativeDecoder(bundles["self"], strategy=strategy, threads=1)
+    first = dec.generate(LONG, max_new_tokens=N)            # recorded in the answer store
+    ids = first.token_ids
+    end = next(i for i in range(N // 2, N - 2) if ids[i] not in ids[:i])     # a token new at i: the new EOS
+    dec.shared.eos_ids = frozenset({ids[end]})
+    again = dec.generate(LONG, max_new_tokens=N)             # the store drafts the answer through the new EOS
+    assert again.stats.stop_reason == "eos" and again.token_ids == ids[:end + 1]
+    assert again.stats.store_accepted > again.stats.store_drafted // 2
+    assert dec.shared.target.length <= len(again.prompt_token_ids) + len(again.token_ids)
+    third = dec.generate(LONG, max_new_tokens=N)
+    assert third.stats.reused_tokens == len(third.prompt_token_ids) - 1
+    assert third.token_ids == again.token_ids

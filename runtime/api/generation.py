@@ -103,6 +103,8 @@ class Generation:
                 # unpadded steps wrote the answer's positions, not what a cold prefill computes: the KV is
                 # cropped to the prompt's, which the (wide) prefill computed, so the next call reuses that
                 kv_ids = kv_ids[:len(self.prompt_ids)]
+            if len(kv_ids) < self.target.length:
+                # and positions past the ids it knows go too: a round whose draft ran past EOS kept them
                 self.target.crop(len(kv_ids))
             self.shared.prefix.remember(kv_ids, dc.ids if dc else None, dc.window if dc else None)
         if completed:                 # only a completed answer drafts for later calls (answer_store.py)
