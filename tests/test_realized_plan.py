@@ -137,3 +137,21 @@ def test_lookup_drafts_that_lose_as_run_give_way_to_the_targets_own_steps(avx2):
     assert modes.count("fast") >= 2 * REPROBE_EVERY - 4 and 1 <= modes.count("exact") <= 3 and modes.count("drafter") <= 3
     plan = planning.current()
     assert plan.drafter or plan.plain_steps == "exact" or "plain 1-token steps without lookup drafts" in plan.reasons[-1]
+
+
+def test_a_mode_is_judged_by_its_generations_weighted_by_their_own_steps(avx2):
+    """An agent's loop: a long answer whose lookup drafts paid (a file copied back) keeps lookup on through
+    a short tool call whose drafts lost; a long losing answer turns it off."""
+    planning = DevicePlanning(None, 2, "cpu", avx2, make_plan(avx2, 0.38), measure=False)
+    planning.after_generation(record(drafter_generation(avx2, 0.6)), None)  # the drafter stops
+    long_win = lookup_generation(avx2, 1.5)
+    short_loss = lookup_generation(avx2, 0.7)
+    short_loss.new_tokens, short_loss.forced_accepted = 16, 11            # 4 own steps after the first token
+    short_loss.total_ms = short_loss.ttft_ms + 4 * avx2.graphs["model"].cost_ms[0] / 0.7
+    planning.after_generation(record(long_win), None)
+    planning.after_generation(record(short_loss), None)
+    assert planning.realized_lookup == pytest.approx((0.6 * TOKENS * 1.5 + 4 * 0.7) / (0.6 * TOKENS + 4))
+    assert planning.current().plain_steps == "exact"
+    planning.after_generation(record(lookup_generation(avx2, 0.7)), None)
+    planning.after_generation(record(lookup_generation(avx2, 0.7)), None)
+    assert planning.realized_lookup < 1.0 and planning.current().plain_steps == "fast"

@@ -13,7 +13,7 @@ guess would have been kept on each output (lookup.guess_record), which decides b
 steps with guesses and unpadded 1-token ones (runtime/planning/plan.py). The formula is the prior: once a
 generation has speculated, what such generations realized decides (`realized_speedup`: their decode
 rate, window fill and catch-up included, over the target's own 1-token steps at their own context and
-load, an average weighted REALIZED_WEIGHT to the latest): the drafter runs while its generations'
+load, averaged weighted by each generation's own steps, older ones decayed: `RealizedRate`): the drafter runs while its generations'
 average is KEEP_MARGIN or more, and without it lookup drafts run while theirs is (`_plain_mode`).
 Where the drafter stopped paying, every REPROBE_EVERY-th generation still runs it, so that what it does
 on the prompts this app sends keeps being measured. Inside a generation the draft-length governor moves
@@ -57,7 +57,7 @@ LIVE_SAMPLES = 24        # live forwards before they are compared with the profi
 LIVE_KEPT = 256          # the latest live forwards kept
 MIN_GUESSES = 64         # simulated lookup guesses before their kept share replaces the plan's prior
 MIN_FILL_TOKENS = 256    # tokens of drafter generations before their window fill counts in the plan
-REALIZED_WEIGHT = 0.4    # weight of the latest generation in a mode's realized speedup (a few decide)
+REALIZED_WEIGHT = 0.4    # decay of older generations in a mode's realized speedup, per newer one (a few decide)
 MIN_REALIZED_TOKENS = 8  # a generation shorter than this says too little about its rate
 _RUNNING: list[threading.Thread] = []
 
@@ -88,9 +88,17 @@ class DevicePlanning:
         self.quiet_checked = False        # _quiet_now ran (once per decoder)
         self.guess_steps = self.guesses_kept = 0    # lookup guesses on this decoder's outputs (lookup_share)
         self.fill_ms, self.drafted_tokens = 0.0, 0   # the drafter's window fills, and the tokens of their generations
-        self.realized: float | None = None  # drafter generations' speedup over the target's own decoding, as run
-        self.realized_lookup: float | None = None   # ... and that of generations with lookup drafts alone
+        self.drafter_rate = RealizedRate()   # drafter generations' speedup over the target's own decoding, as run
+        self.lookup_rate = RealizedRate()    # ... and that of generations with lookup drafts alone
         self.lookup_without = 0           # generations without lookup drafts since they last ran (re-probes)
+
+    @property
+    def realized(self) -> float | None:
+        return self.drafter_rate.value
+
+    @property
+    def realized_lookup(self) -> float | None:
+        return self.lookup_rate.value
 
     def acceptance(self) -> float | None:
         """The drafter's per-position acceptance over its life in this decoder, None before MIN_REACHED positions."""
@@ -179,10 +187,8 @@ class DevicePlanning:
             self.drafted_tokens += max(stats.new_tokens - stats.prefill_tokens, 1)
         if stats.draft_forwards or stats.drafted or stats.guesses:       # it speculated: judge it as run
             speedup = realized_speedup(stats, self.profile, self.plan)
-            if speedup is not None and stats.draft_forwards:
-                self.realized = _average(self.realized, speedup)
-            elif speedup is not None:
-                self.realized_lookup = _average(self.realized_lookup, speedup)
+            if speedup is not None:
+                (self.drafter_rate if stats.draft_forwards else self.lookup_rate).add(speedup, own_steps(stats))
         for k, ms in stats.verify_ms_by_k.items():
             self.live_ms.extend((k, m) for m in ms if k > 1 or not unpadded)
         if self.profile is not None and self.plan.step_tokens >= 2 and len(output_ids) > 1:
@@ -248,9 +254,29 @@ class DevicePlanning:
                 _RUNNING.remove(self.measuring)
 
 
-def _average(old: float | None, new: float) -> float:
-    """The realized speedups' running average, REALIZED_WEIGHT to the newest."""
-    return new if old is None else (1.0 - REALIZED_WEIGHT) * old + REALIZED_WEIGHT * new
+class RealizedRate:
+    """One mode's realized speedup (`realized_speedup`) over its generations, each weighted by its own steps
+    (`own_steps`), older ones decayed by REALIZED_WEIGHT per newer generation: in an agent's loop a 4-step
+    tool call whose drafts lost says less about lookup than the 400-token file it writes next, which
+    copies what it read (pooled, the decode time is what a user waits for)."""
+
+    def __init__(self):
+        self.total = self.weight = 0.0
+
+    def add(self, speedup: float, steps: int) -> None:
+        self.total = (1.0 - REALIZED_WEIGHT) * self.total + steps * speedup
+        self.weight = (1.0 - REALIZED_WEIGHT) * self.weight + steps
+
+    @property
+    def value(self) -> float | None:
+        return self.total / self.weight if self.weight else None
+
+
+def own_steps(stats) -> int:
+    """The 1-token steps the target's own decoding takes for a generation's tokens after the first:
+    under a grammar the forced ones come free (a forced run and the token after it in one forward:
+    rounds.forced_round), so they are left out."""
+    return max(stats.new_tokens - stats.prefill_tokens - stats.forced_accepted, 1)
 
 
 def realized_speedup(stats, profile, plan) -> float | None:
@@ -258,9 +284,8 @@ def realized_speedup(stats, profile, plan) -> float | None:
     `ar-fast`, what onnxruntime-genai runs) on the plan's graph, at this generation's context and load: its
     time after the first token (window fill and catch-up included, session builds not) per token, against
     the profile's 1-token step scaled by how much slower than the profile this generation's own target
-    forwards ran. Under a grammar the target's own decoding gets the forced tokens for free too (a forced
-    run and the token after it in one forward: rounds.forced_round), so they are left out of the steps it
-    would take. None without a profile or enough tokens."""
+    forwards ran, over the steps it would take (`own_steps`: forced tokens left out). None without a
+    profile or enough tokens."""
     tokens = stats.new_tokens - stats.prefill_tokens
     g = profile.graphs.get(plan.step_graph) if profile is not None else None
     if g is None or not g.measured or tokens < MIN_REALIZED_TOKENS:
@@ -271,8 +296,7 @@ def realized_speedup(stats, profile, plan) -> float | None:
     if not ratios:
         return None
     decode_ms = stats.total_ms - stats.ttft_ms - stats.drafter_load_ms
-    own_steps = max(tokens - stats.forced_accepted, 1)
-    return g.cost_ms[0] * median(ratios) * own_steps / max(decode_ms, 1e-6)
+    return g.cost_ms[0] * median(ratios) * own_steps(stats) / max(decode_ms, 1e-6)
 
 
 def wait_for_profile(decoder) -> None:
