@@ -157,7 +157,7 @@ def test_ngram_tli_auto_keeps_one_governor_per_proposer(tiny_self_bundle):
 
 def test_ngram_tli_switches_between_lookup_and_drafter_mode():
     # history ends in 9; 9 occurred once before (followed by 4): a 1-token match only
-    gen = SimpleNamespace(config=SimpleNamespace(gamma=3, options={}), prompt_ids=[9, 4, 5, 6, 7, 9], generated=[], lookup_max_n=4,
+    gen = SimpleNamespace(config=SimpleNamespace(gamma=3, options={}), prompt_ids=[9, 4, 5, 6, 7, 9], generated=[], lookup_max_n=4, lookup_view=None,
                           shared=SimpleNamespace(answers=None), draft_scope=None,     # no answer store
                           drafter=object())
     state = ngram.start(gen)

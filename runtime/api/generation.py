@@ -16,7 +16,7 @@ from edgespec.errors import GenerationError
 from edgespec.runtime.samplers.answer_store import check_scope
 from edgespec.runtime.round.context import DrafterContext, DrafterWindow
 from edgespec.runtime.samplers.grammar import GrammarState, mask_distribution, mask_logits, masked_greedy
-from edgespec.runtime.samplers.lookup import DEFAULT_MAX_N
+from edgespec.runtime.samplers.lookup import DEFAULT_MAX_N, json_string_view
 from edgespec.runtime.planning.records import GenerationRecord, StepPlan
 from edgespec.runtime.round.rounds import MAX_FORCED, forced_round, speculative_round
 from edgespec.runtime.samplers.sampling import SamplingParams, probabilities, sample
@@ -69,6 +69,8 @@ class Generation:
                                 if i is not None and i.fallback]
         self.strategy_state = cfg.strategy.start(self) if cfg.strategy.start else None
         self.grammar = grammar               # constrained decoding (grammar.py), or None
+        # JSON output quotes the prompt's text escaped: lookup searches it as a JSON string too (lookup.py)
+        self.lookup_view = None if grammar is None else json_string_view(shared.bundle.target.tokenizer, prompt_ids)
         self.jump_forward = jump_forward and grammar is not None
         self.forced: list[int] = []          # this round's forced tokens, before the drafter's drafts
         # a token-level drafter drafts on after the forced tokens in the same round; others get rounds of

@@ -64,7 +64,7 @@ class LookupState:
 
     def begin_round(self, gen) -> None:
         history = np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64)
-        found, n = lookup(history, self.max_n, gen.config.gamma)
+        found, n = lookup(history, self.max_n, gen.config.gamma, view=gen.lookup_view)
         self.stored = False
         store = gen.shared.answers
         if store is not None and store.docs:

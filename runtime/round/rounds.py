@@ -160,7 +160,7 @@ def plain_step(gen: "Generation", guess: bool) -> Draft:
     the governor decides whether that pays (Governor.guess_pays). No match, or no room for 2 tokens: a plain step."""
     if guess and gen.max_new_tokens - len(gen.generated) >= 2:
         history = np.asarray(gen.prompt_ids + gen.generated, dtype=np.int64)
-        found, n = lookup(history, gen.lookup_max_n, 1)     # or the answer store's, matching longer:
+        found, n = lookup(history, gen.lookup_max_n, 1, view=gen.lookup_view)   # or the store's, longer:
         found, n, stored = with_store(gen.shared.answers, gen.draft_scope, history, found, n, 1)
         if found:
             return lookup_draft(gen, found, guess=True, store=stored)

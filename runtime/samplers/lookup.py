@@ -1,8 +1,17 @@
 """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's last n tokens.
 ngram.py drafts with it; rounds.py's plain steps take one free guess from it (`plain_step`). Beside it,
 `with_store` offers the answer store's continuation (answer_store.py: earlier requests' text) where that
-matches a longer suffix."""
+matches a longer suffix.
+
+Where the output is JSON (a grammar: tool calls, response_format), text the prompt holds comes back
+inside JSON strings: an agent writes back the file it read as write_file's `content`, newlines as `\\n`
+and quotes as `\\"`, so its tokens match the prompt's only within a line. `json_string_view` is the
+prompt as it reads there (json.dumps's escapes, in the same tokenizer's ids), searched where the context
+itself has no occurrence of the same length (docs/results.md, 2026-11-28: how often its guesses are right).
+"""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -14,20 +23,52 @@ DEFAULT_MAX_N = 4           # the longest suffix searched (ngram_max_n)
 # store matched 3 tokens in most rounds) and would displace the drafter; a re-sent file matches far longer
 STORE_MIN_MATCH = 8
 LOOKBACK = 4096             # search the last tokens only: O(LOOKBACK) per round
+VIEW_TOKENS = 16384         # the JSON view's last tokens kept (where the prompt's latest files are)
 
 
-def lookup(history: np.ndarray, max_n: int, gamma: int, min_n: int = 1) -> tuple[list[int], int]:
+def lookup(history: np.ndarray, max_n: int, gamma: int, min_n: int = 1,
+           view: np.ndarray | None = None) -> tuple[list[int], int]:
     """(the up-to-gamma tokens that followed the latest earlier occurrence of history's last n tokens,
-    n) for the largest n in max_n..min_n that has one; ([], 0) when none."""
+    n) for the largest n in max_n..min_n that has one, in history or else in `view` (json_string_view);
+    ([], 0) when none."""
     hist = history[-LOOKBACK:]
     size = hist.shape[0]
+    ends = view_matches(view, hist, max_n) if view is not None and size else None
     for n in range(min(max_n, size - 1), min_n - 1, -1):
         windows = sliding_window_view(hist[:size - 1], n)      # starts i with i + n <= size - 1
         hits = np.flatnonzero((windows == hist[size - n:]).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
             return hist[start:start + gamma].tolist(), n
+        if ends is not None and n in ends:
+            start = ends[n] + 1
+            return view[start:start + gamma].tolist(), n
     return [], 0
+
+
+def view_matches(view: np.ndarray, hist: np.ndarray, max_n: int) -> dict[int, int]:
+    """{n: the last view position p (followed by a token) where view[p - n + 1: p + 1] == hist's last n}
+    for n = 1..max_n that occur: the positions holding hist's last token, then filtered token by token
+    backwards (O(len(view)) once, then O(hits))."""
+    cand = np.flatnonzero(view[:-1] == hist[-1])
+    ends = {}
+    for n in range(1, min(max_n, hist.shape[0]) + 1):
+        if n > 1:
+            cand = cand[cand >= n - 1]
+            cand = cand[view[cand - (n - 1)] == hist[-n]]
+        if not cand.size:
+            break
+        ends[n] = int(cand[-1])
+    return ends
+
+
+def json_string_view(tokenizer, ids) -> np.ndarray:
+    """`ids`' text as it reads inside a JSON string (json.dumps's escapes without the quotes; non-ASCII
+    kept, as a model writes it), encoded by the same tokenizer: its last VIEW_TOKENS ids (module docstring).
+    About 2 ms per 1,000 prompt tokens, once a generation."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=False)
+    escaped = json.dumps(text, ensure_ascii=False)[1:-1]
+    return np.asarray(tokenizer.encode(escaped, add_special_tokens=False).ids[-VIEW_TOKENS:], dtype=np.int64)
 
 
 def store_wins(n: int, m: int) -> bool:
