@@ -4,7 +4,7 @@ constrained `ar`'s, token for token?
 
     python benchmarks/schema_suite.py --bundle BUNDLE [--schemas benchmarks/schema_suite.jsonl]
         [--max-new-tokens 192] [--threads 1] [--ids ID,ID | --limit N] [--x-guidance]
-        [--layout fixed|flexible] [--json OUT]
+        [--layout default|fixed|flexible] [--json OUT]
 
 Each schema (`schema_suite.jsonl`, written by make_schema_suite.py from the packages that ship them:
 SchemaStore via check-jsonschema, JupyterLab's settings, nbformat, Poetry, validate-pyproject, JSON
@@ -37,7 +37,15 @@ from collections import Counter
 from pathlib import Path
 
 APPROXIMATE = {"coerce_one_of": True, "lenient": True}
-FLEXIBLE = {"whitespace_flexible": True}       # --layout flexible: JSON whitespace as the model likes it
+LAYOUTS = ("default", "fixed", "flexible")     # --layout (layout_options)
+
+
+def layout_options(layout: str) -> dict:
+    """The "x-guidance" layout keys of --layout: none (edgespec's, the model's whitespace bounded:
+    grammar.JSON_OPTIONS), the tool calls' one-line layout (grammar.TOOL_CALL_JSON), or any whitespace."""
+    from edgespec.runtime.samplers.grammar import TOOL_CALL_JSON
+
+    return {"default": {}, "fixed": TOOL_CALL_JSON, "flexible": {"whitespace_flexible": True}}[layout]
 
 
 def load_cases(path=None, ids=None, limit=None) -> list[dict]:
@@ -91,12 +99,12 @@ def _generate(dec, case, schema, max_new_tokens, jump_forward) -> dict:
             "mask_ms": st.grammar_ms / st.grammar_masks if st.grammar_masks else None, "masks": st.grammar_masks}
 
 
-def run_case(default, ar, case, max_new_tokens, approximate=False, layout="fixed") -> dict:
+def run_case(default, ar, case, max_new_tokens, approximate=False, layout="default") -> dict:
     """One schema through both rows: the record the module docstring describes."""
     from edgespec.errors import GenerationError
 
     schema = case["schema"]
-    options = {**(APPROXIMATE if approximate else {}), **(FLEXIBLE if layout == "flexible" else {})}
+    options = {**(APPROXIMATE if approximate else {}), **layout_options(layout)}
     if options:
         schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **options}}
     row = {"id": case["id"], "approximated": approximate, "compiled": True, "refused": None}
@@ -153,7 +161,7 @@ def summarize(rows) -> dict:
     return out
 
 
-def run(decoder, cases, max_new_tokens=192, x_guidance=False, out=sys.stdout, layout="fixed") -> dict:
+def run(decoder, cases, max_new_tokens=192, x_guidance=False, out=sys.stdout, layout="default") -> dict:
     """Every case through `decoder` (the default) and its `ar` variant; prints one line per schema
     and returns {"rows", "summary", "defects"}."""
     ar = decoder.variant("ar")
@@ -195,9 +203,10 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, help="only the first N schemas")
     ap.add_argument("--x-guidance", action="store_true",
                     help='retry refused schemas with "x-guidance": {"coerce_one_of": true, "lenient": true}')
-    ap.add_argument("--layout", choices=["fixed", "flexible"], default="fixed",
-                    help='fixed: edgespec\'s one JSON layout (runtime/grammar.JSON_OPTIONS); flexible: every schema '
-                         'with "x-guidance": {"whitespace_flexible": true} (newlines and indents as the model writes them)')
+    ap.add_argument("--layout", choices=list(LAYOUTS), default="default",
+                    help='default: edgespec\'s (the model\'s whitespace, bounded: grammar.JSON_OPTIONS); fixed: the '
+                         'one-line layout of tool calls (", " and ": ", no other whitespace); flexible: every schema '
+                         'with "x-guidance": {"whitespace_flexible": true} (any whitespace)')
     ap.add_argument("--json", help="write the rows and the summary here")
     args = ap.parse_args(argv)
 

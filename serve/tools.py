@@ -23,7 +23,7 @@ import re
 
 from edgespec.errors import GenerationError
 from edgespec.runtime.bundle.chat import render_chat
-from edgespec.runtime.samplers.grammar import JSON_OPTIONS
+from edgespec.runtime.samplers.grammar import TOOL_CALL_JSON
 from edgespec.serve.calls import (CLOSE, OPEN, CallGuard, LooseCalls, ToolCallStream, made_calls,  # noqa: F401
                                   parse_tool_calls)
 from edgespec.serve.errors import APIError
@@ -210,7 +210,7 @@ def tool_grammar(tokenizer, tools: list[dict], choice: str, parallel: bool = Fal
     bodies = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
                                                 "arguments": t["function"]["parameters"]},
                "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]
-    body = dict(bodies[0] if len(bodies) == 1 else {"anyOf": bodies}, **{"x-guidance": JSON_OPTIONS})
+    body = dict(bodies[0] if len(bodies) == 1 else {"anyOf": bodies}, **{"x-guidance": TOOL_CALL_JSON})
     many = parallel and choice in ("auto", "required")
     lines = [f"start: calls{' | TEXT' if choice == 'auto' else ''}",
              f'calls: call ("\\n" call)~0..{MAX_CALLS - 1}' if many else "calls: call",

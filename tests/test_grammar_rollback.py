@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from edgespec.errors import GenerationError
 from edgespec.runtime import SpeculativeDecoder
-from edgespec.runtime.samplers.grammar import MAX_ERROR, GrammarTokenizer, constraint_from
+from edgespec.runtime.samplers.grammar import MAX_ERROR, TOOL_CALL_JSON, GrammarTokenizer, constraint_from
 from test_rdk import bundle_with_priors  # tests/ is on sys.path (conftest.py)
 
 llguidance = pytest.importorskip("llguidance")
@@ -201,7 +201,7 @@ def test_an_error_mid_generation_is_one_line_and_keeps_the_output(bundles, repla
     makes llguidance fail with its many-line message; the stream fails with one line, and the output
     so far stays (last_result)."""
     dec = SpeculativeDecoder(bundles["same"], strategy="tli", draft_length=3, threads=1)
-    stream = dec.stream(PROMPTS[0], max_new_tokens=N, json_schema=SCHEMAS["nested"])
+    stream = dec.stream(PROMPTS[0], max_new_tokens=N, json_schema={**SCHEMAS["nested"], "x-guidance": TOOL_CALL_JSON})
     text = next(stream) + next(stream)
     state = dec.last_generation.grammar
     wrong = np.zeros_like(state.allowed())

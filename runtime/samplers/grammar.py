@@ -19,8 +19,8 @@ one generation's matcher, in step with the decode round (rounds.py):
 - `forced()`: the tokens the grammar allows as the only continuation (llguidance's fast-forward
   tokens), drafted for free (rounds.forced_round).
 
-JSON schemas: the layout is JSON_OPTIONS unless the schema's "x-guidance" names one of LAYOUT_KEYS (then
-llguidance's defaults and the schema's own keys). An unknown `format` is an annotation (as JSON Schema
+JSON schemas: the layout is JSON_OPTIONS (the model's own whitespace, bounded) unless the schema's
+"x-guidance" names one of LAYOUT_KEYS (then llguidance's defaults and the schema's own keys). An unknown `format` is an annotation (as JSON Schema
 has it): the schema compiles without it and `Constraint.notes` says so in one line. Approximations are
 the schema's own choice, through llguidance's `"x-guidance"` key in it: `{"coerce_one_of": true}`
 (oneOf as anyOf), `{"lenient": true}` (keys llguidance does not implement, and min/maxProperties over
@@ -40,10 +40,14 @@ from edgespec.errors import GenerationError
 from edgespec.runtime.samplers.sampling import SamplingParams
 from edgespec.runtime.samplers.tli import tli_greedy
 
-# JSON separators of the generated text: one fixed way to write whitespace, so that keys, colons and
-# commas are forced tokens (free drafts) instead of choices. Models that pretty-print (Qwen2.5-Coder)
-# then answer `{}` where every key is optional: a schema may ask for its own layout (LAYOUT_KEYS)
-JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+# A response's JSON layout: whitespace as the model writes it (compact or pretty-printed), at most
+# MAX_JSON_WHITESPACE characters between two tokens of the JSON, so no answer can run on in whitespace.
+# A fixed layout forces more tokens (free drafts), but a model that pretty-prints (Qwen2.5-Coder) then
+# answers `{}` where every key is optional (docs/structured-output.md). A schema may ask for its own
+# layout (LAYOUT_KEYS). Tool calls keep the fixed one (TOOL_CALL_JSON): models write them on one line.
+MAX_JSON_WHITESPACE = 48
+JSON_OPTIONS = {"whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{0,{MAX_JSON_WHITESPACE}}}"}
+TOOL_CALL_JSON = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 LAYOUT_KEYS = ("item_separator", "key_separator", "whitespace_flexible", "whitespace_pattern")
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
 INSTALL = "pip install 'edgespec[serve]' (or 'edgespec[grammar]' for the library alone)"
