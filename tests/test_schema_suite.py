@@ -105,10 +105,11 @@ def test_a_layout_in_the_schema_is_its_own():
 
 
 def test_the_layout_takes_compact_and_pretty_json_and_bounds_whitespace(tiny_tokenizers):
-    """Under edgespec's layout a model may write JSON on one line or pretty-printed; a run of more than
-    MAX_JSON_WHITESPACE whitespace characters is refused (a small model cannot loop on newlines)."""
+    """Under edgespec's layout a model may write JSON on one line or pretty-printed (tabs, CRLF); runs of
+    spaces, blank lines and indents past MAX_JSON_INDENT are refused (a small model cannot loop on
+    whitespace, nor pad where its wanted token is forbidden)."""
     llg = pytest.importorskip("llguidance")
-    from edgespec.runtime.samplers.grammar import MAX_JSON_WHITESPACE, GrammarTokenizer, constraint_from
+    from edgespec.runtime.samplers.grammar import MAX_JSON_INDENT, GrammarTokenizer, constraint_from
 
     tok = tiny_tokenizers["bytelevel"]
     gt = GrammarTokenizer(tok, tok.get_vocab_size(), [tok.get_vocab_size() - 1])
@@ -120,7 +121,7 @@ def test_the_layout_takes_compact_and_pretty_json_and_bounds_whitespace(tiny_tok
         return all(m.consume_token(t) for t in tok.encode(text, add_special_tokens=False).ids) and m.is_accepting()
 
     assert accepts('{"a": 1, "b": ["x", "y"]}') and accepts('{"a":1,"b":["x"]}')
-    assert accepts('{\n  "a": 1,\n  "b": [\n    "x",\n    "y"\n  ]\n}')
-    assert accepts("{" + " " * MAX_JSON_WHITESPACE + '"a": 1}')
-    assert not accepts("{" + " " * (MAX_JSON_WHITESPACE + 1) + '"a": 1}')
-    assert not accepts('{"a": 1}x')
+    assert accepts('{\n  "a": 1,\n  "b": [\n    "x",\n    "y"\n  ]\n}') and accepts('{\r\n\t"a": 1\r\n}')
+    assert accepts("{\n" + " " * MAX_JSON_INDENT + '"a": 1}')
+    assert not accepts("{\n" + " " * (MAX_JSON_INDENT + 1) + '"a": 1}')
+    assert not accepts('{"a":  1}') and not accepts('{\n\n"a": 1}') and not accepts('{"a": 1}x')

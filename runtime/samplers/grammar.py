@@ -19,7 +19,7 @@ one generation's matcher, in step with the decode round (rounds.py):
 - `forced()`: the tokens the grammar allows as the only continuation (llguidance's fast-forward
   tokens), drafted for free (rounds.forced_round).
 
-JSON schemas: the layout is JSON_OPTIONS (the model's own whitespace, bounded) unless the schema's
+JSON schemas: the layout is JSON_OPTIONS (the model's own line breaks and indents, bounded) unless the schema's
 "x-guidance" names one of LAYOUT_KEYS (then llguidance's defaults and the schema's own keys). An unknown `format` is an annotation (as JSON Schema
 has it): the schema compiles without it and `Constraint.notes` says so in one line. Approximations are
 the schema's own choice, through llguidance's `"x-guidance"` key in it: `{"coerce_one_of": true}`
@@ -40,13 +40,15 @@ from edgespec.errors import GenerationError
 from edgespec.runtime.samplers.sampling import SamplingParams
 from edgespec.runtime.samplers.tli import tli_greedy
 
-# A response's JSON layout: whitespace as the model writes it (compact or pretty-printed), at most
-# MAX_JSON_WHITESPACE characters between two tokens of the JSON, so no answer can run on in whitespace.
-# A fixed layout forces more tokens (free drafts), but a model that pretty-prints (Qwen2.5-Coder) then
-# answers `{}` where every key is optional (docs/structured-output.md). A schema may ask for its own
-# layout (LAYOUT_KEYS). Tool calls keep the fixed one (TOOL_CALL_JSON): models write them on one line.
-MAX_JSON_WHITESPACE = 48
-JSON_OPTIONS = {"whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{0,{MAX_JSON_WHITESPACE}}}"}
+# A response's JSON layout: whitespace as the model writes it, on one line or pretty-printed, and no
+# more (as llama.cpp's JSON grammars): nothing, one space, or a line break and an indent of at most
+# MAX_JSON_INDENT spaces or tabs, between two tokens of the JSON. So no answer runs on in whitespace, and
+# a forbidden token cannot turn into a run of spaces. A fixed layout forces more tokens (free drafts),
+# but a model that pretty-prints (Qwen2.5-Coder) then answers `{}` where every key is optional
+# (docs/structured-output.md). A schema may ask for its own layout (LAYOUT_KEYS). Tool calls keep the
+# fixed one (TOOL_CALL_JSON): models write them on one line.
+MAX_JSON_INDENT = 40
+JSON_OPTIONS = {"whitespace_pattern": f"(?:[ ]|\\r?\\n[ \\t]{{0,{MAX_JSON_INDENT}}})?"}
 TOOL_CALL_JSON = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 LAYOUT_KEYS = ("item_separator", "key_separator", "whitespace_flexible", "whitespace_pattern")
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
