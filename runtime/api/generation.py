@@ -7,6 +7,7 @@ drafter tokens and the part of it its KV covers.
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -69,8 +70,6 @@ class Generation:
                                 if i is not None and i.fallback]
         self.strategy_state = cfg.strategy.start(self) if cfg.strategy.start else None
         self.grammar = grammar               # constrained decoding (grammar.py), or None
-        # JSON output quotes the prompt's text escaped: lookup searches it as a JSON string too (lookup.py)
-        self.lookup_view = None if grammar is None else json_string_view(shared.bundle.target.tokenizer, prompt_ids)
         self.jump_forward = jump_forward and grammar is not None
         self.forced: list[int] = []          # this round's forced tokens, before the drafter's drafts
         # a token-level drafter drafts on after the forced tokens in the same round; others get rounds of
@@ -79,6 +78,14 @@ class Generation:
         if self.jump_forward and not params.greedy:                   # room for forced + drafted rows
             rows, v = MAX_FORCED + cfg.gamma + 1, self.q_rows.shape[1]
             self.q_rows, self.p_rows = np.zeros((rows, v)), np.zeros((rows, v))
+
+    @functools.cached_property
+    def lookup_view(self) -> np.ndarray | None:
+        """JSON output quotes the prompt's text escaped: under a grammar, lookup searches the prompt as a
+        JSON string too (lookup.json_string_view), made at the first lookup (`ar` makes none)."""
+        if self.grammar is None:
+            return None
+        return json_string_view(self.shared.bundle.target.tokenizer, self.prompt_ids)
 
     def check_current(self) -> None:
         if self.id != self.shared.generation:
