@@ -113,7 +113,8 @@ def test_the_layout_takes_compact_and_pretty_json_and_bounds_whitespace(tiny_tok
 
     tok = tiny_tokenizers["bytelevel"]
     gt = GrammarTokenizer(tok, tok.get_vocab_size(), [tok.get_vocab_size() - 1])
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "string"}}}}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"},
+                                               "b": {"type": "array", "items": {"type": "string"}}}}
     grammar = constraint_from(json_schema=schema).grammar
 
     def accepts(text):

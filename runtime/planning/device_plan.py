@@ -13,8 +13,9 @@ guess would have been kept on each output (lookup.guess_record), which decides b
 steps with guesses and unpadded 1-token ones (runtime/planning/plan.py). The formula is the prior: once a
 generation has speculated, what such generations realized decides (`realized_speedup`: their decode
 rate, window fill and catch-up included, over the target's own 1-token steps at their own context and
-load, averaged weighted by each generation's own steps, older ones decayed: `RealizedRate`): the drafter runs while its generations'
-average is KEEP_MARGIN or more, and without it lookup drafts run while theirs is (`_plain_mode`).
+load, averaged weighted by each generation's own steps, older ones decayed: `RealizedRate`): the drafter
+runs while its generations' average is KEEP_MARGIN or more, and without it lookup drafts run while
+theirs is (`_plain_mode`).
 Where the drafter stopped paying, every REPROBE_EVERY-th generation still runs it, so that what it does
 on the prompts this app sends keeps being measured. Inside a generation the draft-length governor moves
 between drafter rounds and plain steps round by round (runtime/round/governor.py); a generation's choice

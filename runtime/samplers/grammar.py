@@ -19,9 +19,10 @@ one generation's matcher, in step with the decode round (rounds.py):
 - `forced()`: the tokens the grammar allows as the only continuation (llguidance's fast-forward
   tokens), drafted for free (rounds.forced_round).
 
-JSON schemas: the layout is JSON_OPTIONS (the model's own line breaks and indents, bounded) unless the schema's
-"x-guidance" names one of LAYOUT_KEYS (then llguidance's defaults and the schema's own keys). An unknown `format` is an annotation (as JSON Schema
-has it): the schema compiles without it and `Constraint.notes` says so in one line. Approximations are
+JSON schemas: the layout is JSON_OPTIONS (the model's own line breaks and indents, bounded) unless the
+schema's "x-guidance" names one of LAYOUT_KEYS (then llguidance's defaults and the schema's own keys). An
+unknown `format` is an annotation (as JSON Schema has it): the schema compiles without it and
+`Constraint.notes` says so in one line. Approximations are
 the schema's own choice, through llguidance's `"x-guidance"` key in it: `{"coerce_one_of": true}`
 (oneOf as anyOf), `{"lenient": true}` (keys llguidance does not implement, and min/maxProperties over
 optional keys, ignored); the refusals name them.
