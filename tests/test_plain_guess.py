@@ -34,7 +34,7 @@ def int4(tiny_int4_bundle):
 
 def _guesser(monkeypatch, pick):
     """Replace the prompt lookup of plain steps: pick(history) -> the guessed token."""
-    monkeypatch.setattr(rounds_module, "lookup", lambda history, max_n, gamma, min_n=1: ([int(pick(history))], 1))
+    monkeypatch.setattr(rounds_module, "lookup", lambda history, max_n, gamma, min_n=1, view=None: ([int(pick(history))], 1))
 
 
 def test_plain_steps_guess_with_the_real_lookup_and_stay_identical_to_ar(int4, plain_only):
