@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.runtime import Bundle, SpeculativeDecoder
-from edgespec.runtime.samplers.lookup import json_string_view, lookup, view_matches
+from edgespec.runtime.samplers.lookup import json_string_view, lookup, suffix_ends
 
 FILE = 'def greet(name):\n    """Say hello."""\n    return "Hello, " + name + "!"\n\n\nprint(greet("Ada"))\n'
 
@@ -23,15 +23,33 @@ def brute_ends(view, hist, max_n):
     return ends
 
 
-def test_view_matches_equal_a_brute_force_search():
+def test_suffix_ends_equal_a_brute_force_search():
     rng = np.random.default_rng(0)
     for _ in range(300):
         view = rng.integers(0, 5, size=int(rng.integers(2, 60)))
         hist = rng.integers(0, 5, size=int(rng.integers(1, 8)))
-        got = view_matches(view, hist, 4)
+        got = suffix_ends(view, hist, 4)
         want = brute_ends(view, hist, min(4, len(hist)))
-        # view_matches stops at the first n without a match; a longer one cannot match then
+        # suffix_ends stops at the first n without a match; a longer one cannot match then
         assert got == {n: p for n, p in want.items() if all(m in want for m in range(1, n + 1))}
+
+
+def brute_lookup(hist, max_n, gamma):
+    """Prompt lookup by its definition: the largest n whose last-n suffix occurs earlier (ending before
+    the last position), its latest occurrence, the tokens after it."""
+    for n in range(min(max_n, len(hist) - 1), 0, -1):
+        starts = [i for i in range(len(hist) - n) if list(hist[i:i + n]) == list(hist[-n:])]
+        if starts:
+            return list(hist[starts[-1] + n:starts[-1] + n + gamma]), n
+    return [], 0
+
+
+def test_lookup_in_the_context_equals_its_definition():
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        hist = rng.integers(0, int(rng.integers(2, 6)), size=int(rng.integers(0, 40)))
+        for max_n, gamma in ((4, 3), (1, 2), (6, 8)):
+            assert lookup(hist, max_n, gamma) == brute_lookup(hist, max_n, gamma)
 
 
 def test_lookup_searches_the_view_where_the_context_has_no_longer_match():

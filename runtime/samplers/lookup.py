@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from edgespec.runtime.samplers.answer_store import MAX_MATCH
 
@@ -32,30 +31,30 @@ def lookup(history: np.ndarray, max_n: int, gamma: int, min_n: int = 1,
     n) for the largest n in max_n..min_n that has one, in history or else in `view` (json_string_view);
     ([], 0) when none."""
     hist = history[-LOOKBACK:]
-    size = hist.shape[0]
-    ends = view_matches(view, hist, max_n) if view is not None and size else None
-    for n in range(min(max_n, size - 1), min_n - 1, -1):
-        windows = sliding_window_view(hist[:size - 1], n)      # starts i with i + n <= size - 1
-        hits = np.flatnonzero((windows == hist[size - n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return hist[start:start + gamma].tolist(), n
-        if ends is not None and n in ends:
-            start = ends[n] + 1
-            return view[start:start + gamma].tolist(), n
+    if hist.shape[0] < 2:
+        return [], 0
+    searched = [(hist, suffix_ends(hist, hist, max_n))]          # the context itself first
+    if view is not None:
+        searched.append((view, suffix_ends(view, hist, max_n)))
+    for n in range(min(max_n, hist.shape[0] - 1), min_n - 1, -1):
+        for text, ends in searched:
+            if n in ends:
+                start = ends[n] + 1
+                return text[start:start + gamma].tolist(), n
     return [], 0
 
 
-def view_matches(view: np.ndarray, hist: np.ndarray, max_n: int) -> dict[int, int]:
-    """{n: the last view position p (followed by a token) where view[p - n + 1: p + 1] == hist's last n}
-    for n = 1..max_n that occur: the positions holding hist's last token, then filtered token by token
-    backwards (O(len(view)) once, then O(hits))."""
-    cand = np.flatnonzero(view[:-1] == hist[-1])
+def suffix_ends(text: np.ndarray, hist: np.ndarray, max_n: int) -> dict[int, int]:
+    """{n: the last position p of `text` followed by a token (p < len(text) - 1) where text[p - n + 1: p + 1]
+    == hist's last n} for n = 1..max_n that occur: the positions holding hist's last token, then filtered
+    token by token backwards (O(len(text)) once, then O(hits)). With text = hist: earlier occurrences
+    of its own suffix (the suffix itself ends at the last position, which is never a p)."""
+    cand = np.flatnonzero(text[:-1] == hist[-1])
     ends = {}
     for n in range(1, min(max_n, hist.shape[0]) + 1):
         if n > 1:
             cand = cand[cand >= n - 1]
-            cand = cand[view[cand - (n - 1)] == hist[-n]]
+            cand = cand[text[cand - (n - 1)] == hist[-n]]
         if not cand.size:
             break
         ends[n] = int(cand[-1])
