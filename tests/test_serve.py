@@ -105,10 +105,13 @@ def test_load_16_streaming_4_plain_clients(server, ref):
     want = {p: ref.generate(p, max_new_tokens=n_tokens).text for p in PROMPTS}
     client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
 
+    started = asyncio.Event()          # a stream has its first chunk: generations are under way
+
     async def streamed(prompt):
         text, ext = "", None
         async for c in await client.completions.create(model="smollm", prompt=prompt, max_tokens=n_tokens,
                                                        temperature=0, stream=True):
+            started.set()
             text += c.choices[0].text
             ext = (c.model_extra or {}).get("edgespec", ext)
         return prompt, text, ext
@@ -118,7 +121,7 @@ def test_load_16_streaming_4_plain_clients(server, ref):
         return prompt, r.choices[0].text, r.model_extra["edgespec"]
 
     async def health_while_busy():
-        await asyncio.sleep(1.0)
+        await started.wait()          # not a fixed sleep: on a fast machine all 20 were done within 1 s
         async with httpx.AsyncClient() as h:
             t = time.perf_counter()
             r = await h.get(server.url + "/health")
