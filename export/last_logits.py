@@ -162,12 +162,16 @@ def strip_logits_to_keep(model) -> bool:
 
 
 def edit_file(path, out_path=None) -> bool:
-    """Apply the edit to a model file (its external data stays where it is: only the graph file is
-    rewritten, at `out_path` beside the same data). False if the graph already had the input."""
+    """Apply the edit to a target's model file, with the graph's greedy ids (export/greedy_ids.py): its
+    external data stays where it is (only the graph file is rewritten, at `out_path` beside the same
+    data). False if the graph already had both."""
     import onnx  # lazy: onnx is the [export] extra
+
+    from edgespec.export.greedy_ids import add_greedy_ids
 
     model = onnx.load(str(path), load_external_data=False)
     changed = add_logits_to_keep(model)
+    changed = add_greedy_ids(model) or changed
     if changed or out_path is not None:
         dst = str(out_path or path)
         onnx.save_model(model, dst + ".tmp")

@@ -25,6 +25,7 @@ import time
 import weakref
 from pathlib import Path
 
+from edgespec.export.greedy_ids import strip_greedy_ids
 from edgespec.export.last_logits import strip_logits_to_keep
 from edgespec.export.workdirs import owned_tmpdir, remove_stale_tmpdirs
 from edgespec.profiler.peer_llama import LLAMA, LlamaServerPeer, PeerError, target_gguf
@@ -74,6 +75,7 @@ class GenaiPeer:
                 _link_or_copy(f, root / f.name)
         model = onnx.load(str(target_dir / graph_name), load_external_data=False)
         strip_logits_to_keep(model)
+        strip_greedy_ids(model)
         onnx.save_model(model, str(root / graph_name))
         (root / "genai_config.json").write_text(json.dumps(cfg, indent=2))
         self.model = og.Model(str(root))

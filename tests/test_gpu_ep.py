@@ -56,9 +56,9 @@ def test_read_placement_on_the_cpu_ep(tiny_self_bundle):
 class _CacheWrittenElsewhere(SharedLayout):
     """The shared layout as it broke on CUDA: what attention writes never reaches the bound buffers."""
 
-    def run(self, session, input_ids, rows, pad_rows):
+    def run(self, session, input_ids, rows, pad_rows, ids=False):
         past = self.length
-        out = super().run(session, input_ids, rows, pad_rows)
+        out = super().run(session, input_ids, rows, pad_rows, ids)
         for h in self.host:
             h[:, :, past:] = 0.5
         return out
@@ -67,8 +67,8 @@ class _CacheWrittenElsewhere(SharedLayout):
 class _OneRowPath(SharedLayout):
     """A kernel whose one-row path computes other bits (CUDA's GEMV for 1-token steps)."""
 
-    def run(self, session, input_ids, rows, pad_rows):
-        out = super().run(session, input_ids, rows, pad_rows)
+    def run(self, session, input_ids, rows, pad_rows, ids=False):
+        out = super().run(session, input_ids, rows, pad_rows, ids)
         return out + np.float32(1e-3) if input_ids.shape[1] == 1 else out
 
 

@@ -56,13 +56,15 @@ def test_kept_rows_and_kv_keep_their_bits(bundle_name, request, copy_bundle):
     plain = ort.InferenceSession(str(plain_path), providers=["CPUExecutionProvider"])
     cut = ort.InferenceSession(str(root / "target" / "model.onnx"), providers=["CPUExecutionProvider"])
     ids = [(7 * i + 3) % 90 + 5 for i in range(19)]
-    full = plain.run(None, _feeds(plain, ids))
+    names = ["logits"] + [o.name for o in plain.get_outputs() if o.name.startswith("present.")]
+    full = plain.run(names, _feeds(plain, ids))
     for keep in (2, 5, 0):
-        out = cut.run(None, _feeds(cut, ids, keep))
+        out = cut.run(names + ["next_ids"], _feeds(cut, ids, keep))
         rows = full[0][:, -keep:] if keep else full[0]
         assert out[0].shape == rows.shape
         np.testing.assert_array_equal(out[0], rows)                 # bit for bit, every kept row
-        for got, want in zip(out[1:], full[1:]):                    # every position's KV, every layer
+        np.testing.assert_array_equal(out[-1], rows.argmax(-1))     # the graph's greedy ids (greedy_ids.py)
+        for got, want in zip(out[1:-1], full[1:]):                  # every position's KV, every layer
             np.testing.assert_array_equal(got, want)
 
 

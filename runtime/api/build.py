@@ -6,6 +6,7 @@ forward on the CPU EP), the pair's token tables, all checked against the bundle 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from functools import partial
 
 import numpy as np
@@ -15,7 +16,9 @@ from edgespec.runtime.bundle.chat import compile_template
 from edgespec.runtime.round.context import drafter_context
 from edgespec.runtime.planning.device_profile import graph_paths
 from edgespec.runtime.engine.kv import DeferredRunner, ModelRunner
-from edgespec.runtime.engine.sessions import CPU, create_session, create_sessions, is_cpu_only, prefill_graph_request
+from edgespec.runtime.engine.kv_static import STATIC_LENGTH
+from edgespec.runtime.engine.sessions import (CPU, EP_ALIASES, capture_refused, create_session, create_sessions,
+                                              is_cpu_only, prefill_graph_request, resolve_providers, with_graph_capture)
 from edgespec.runtime.api.shared import Shared
 from edgespec.runtime.engine.verdicts import remembered
 
@@ -35,6 +38,11 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
         draft_threads = threads if threads is not None else plan.draft_threads
     target_request = dict(model_path=graph_paths(bundle)[plan.step_graph], ep=ep, threads=target_threads,
                           allow_fallback=allow_fallback, role="target", stop_spinning=not target_alone)
+    # the target's steps as CUDA graphs (runtime/engine/kv_static.py), or their fixed buffers alone
+    capture = session["cuda_graph"] == "auto" and resolve_providers(ep)[0][0] == EP_ALIASES["cuda"]
+    static = capture or session["cuda_graph"] == "static"
+    if capture:
+        target_request["ep"] = with_graph_capture(ep)
     prefill_request, prefill_now, prefill_from = prefill_graph_request(bundle, prefill_graph, ep, target_request,
                                                                        defer_drafter)
     requests = [target_request] + ([prefill_request] if prefill_now else [])
@@ -46,8 +54,16 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
     # it now, so that an EP that fails to load says so here. Built now, a pair's two sessions are built at
     # the same time (create_sessions), and the text side is made ready meanwhile.
     defer = bool(drafter_request) and defer_drafter and is_cpu_only(drafter_request["ep"])
-    sessions = create_sessions(requests + ([drafter_request] if drafter_request and not defer else []),
-                               beside=lambda: _prepare_text(bundle))
+    made = requests + ([drafter_request] if drafter_request and not defer else [])
+    try:
+        sessions = create_sessions(made, beside=lambda: _prepare_text(bundle))
+    except Exception as exc:
+        if not (capture and capture_refused(exc)):
+            raise
+        warnings.warn(f"target: ONNX Runtime will not capture this graph's steps as CUDA graphs ({str(exc)[:240]}); "
+                      "they run uncaptured", RuntimeWarning, stacklevel=3)
+        target_request["ep"] = ep
+        sessions = create_sessions(made, beside=lambda: _prepare_text(bundle))
     target_session, target_info = sessions.pop(0)
     prefill = sessions.pop(0)[0] if prefill_now else None
     later = (lambda: create_session(**prefill_request)[0]) if prefill_request and not prefill_now else None
@@ -57,7 +73,8 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
     # the plan pads, and the runner's own probe may pad too (runtime/engine/probes.py)
     width = plan.step_tokens if is_cpu_only(ep) or plan.step_tokens >= 2 else None
     target = ModelRunner(target_session, "target", bundle.target.max_position, prefill_session=prefill,
-                         prefill_factory=later, prefill_from=prefill_from, remember_chunks=verdict, min_tokens=width)
+                         prefill_factory=later, prefill_from=prefill_from, remember_chunks=verdict, min_tokens=width,
+                         static_length=STATIC_LENGTH if static else None)
     check_runner(bundle, target, bundle.target.info, bundle.target.vocab_size, "target")
     if prefill is not None:
         target.check_prefill_chunks()

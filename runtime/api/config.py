@@ -112,7 +112,11 @@ class DecodeConfig:
 # and the strategy options (Strategy.options); docs/runtime.md, "Options".
 # answer_store_mb: the decoder's answer store (answer_store.py), shared by its variants; 0: off
 SESSION_OPTIONS = {"draft_ep": None, "draft_threads": None, "defer_drafter": True,
-                   "answer_store_mb": DEFAULT_STORE_MB}
+                   "answer_store_mb": DEFAULT_STORE_MB, "cuda_graph": "auto"}
+# "auto": the target's steps are captured as CUDA graphs on the CUDA EP (runtime/engine/kv_static.py);
+# "static": their fixed buffers without capture, on any EP (the captured path's code, checked on a CPU);
+# "off": neither.
+CUDA_GRAPH_SETTINGS = ("auto", "static", "off")
 TUNING_OPTIONS = tuple(f.name for f in fields(DecodeConfig)
                        if f.name not in ("strategy", "draft_length", "draft_probability", "options"))
 
@@ -161,4 +165,7 @@ def check_decoder_settings(strategy=DEFAULT_STRATEGY, draft_length=DEFAULT_DRAFT
     check_threads(threads)
     check_threads(session["draft_threads"], "draft_threads")
     check_store_mb(session["answer_store_mb"])
+    if session["cuda_graph"] not in CUDA_GRAPH_SETTINGS:
+        raise GenerationError(f"options['cuda_graph'] must be one of {', '.join(CUDA_GRAPH_SETTINGS)}, got "
+                              f"{session['cuda_graph']!r}")
     return config, session

@@ -21,6 +21,7 @@ from edgespec.runtime.samplers.lookup import DEFAULT_MAX_N, json_string_view
 from edgespec.runtime.planning.records import GenerationRecord, StepPlan
 from edgespec.runtime.round.rounds import MAX_FORCED, forced_round, speculative_round
 from edgespec.runtime.samplers.sampling import SamplingParams, probabilities, sample
+from edgespec.runtime.samplers.verify import greedy_id
 from edgespec.runtime.api.stats import GenerationStats
 
 
@@ -223,9 +224,10 @@ class Generation:
 
     # -- helpers for strategies
     def pick(self, logits_row: np.ndarray) -> int:
-        """A token from one row of target logits (argmax, or a draw from p)."""
+        """A token from one row of target logits (argmax, or a draw from p); greedy, the row may be the id
+        the graph picked (verify.greedy_id)."""
         if self.params.greedy:
-            return int(np.argmax(logits_row))
+            return greedy_id(logits_row)
         p = probabilities(logits_row[None, :], self.params, out=self.p_rows[:1])
         return sample(p[0], self.rng, self.work[1])
 

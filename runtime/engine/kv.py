@@ -37,6 +37,7 @@ from edgespec.runtime.engine.kv_graph import (KV_KEY, LOGITS_TO_KEEP, MIN_TOKENS
                                        ForwardCounts, GraphSignature)
 from edgespec.runtime.engine.kv_prefill import AUTO_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS, PrefillGraph  # noqa: F401
 from edgespec.runtime.engine.kv_shared import SharedLayout
+from edgespec.runtime.engine.kv_static import StaticLayout, captures, run_options
 from edgespec.runtime.engine.placement import CPU, DEVICE
 from edgespec.runtime.engine.probes import check_device_session, prefill_chunks_exact
 
@@ -58,6 +59,9 @@ class ModelRunner:
     `kv="copy"` forces the copying layout on a graph that allows sharing (for comparisons).
     `min_tokens`: the forward width, shorter forwards padded to it (with their last id, then dropped);
     None takes the width the graph declares (`edgespec.min_forward_tokens`) where `exact`, else 1.
+    `graph_argmax`: greedy forwards read the graph's argmax (None: off the CPU EP; forward's `greedy`).
+    `static_length`: a shared cache of this many positions whose steps run from fixed buffers, captured as
+    CUDA graphs where the session was made to (runtime/engine/kv_static.py); None: the shared layout.
     `exact=False` (the drafter) skips the declared padding: the drafter's logits only steer proposals,
     verification reads the target's. On a non-CPU EP an exact runner's 1-token forwards are padded to
     2 where they compute other bits (runtime/engine/probes.py)."""
@@ -78,7 +82,8 @@ class ModelRunner:
     def __init__(self, session, role: str = "model", max_position: int | None = None, exact: bool = True,
                  head_dim: int | None = None, kv: str = "auto", prefill_session=None,
                  prefill_factory: Callable[[], object] | None = None, prefill_from: int = PREFILL_GRAPH_TOKENS,
-                 remember_chunks: Callable[[Callable[[], bool]], bool] | None = None, min_tokens: int | None = None):
+                 remember_chunks: Callable[[Callable[[], bool]], bool] | None = None, min_tokens: int | None = None,
+                 graph_argmax: bool | None = None, static_length: int | None = None):
         if kv not in ("auto", "copy"):
             raise ValueError(f"kv must be 'auto' or 'copy', got {kv!r}")
         if min_tokens is not None and int(min_tokens) < 1:
@@ -94,8 +99,14 @@ class ModelRunner:
         self.prefill = PrefillGraph(role, self.graph.pad_rows, prefill_factory if prefill_session is None else None,
                                     prefill_from, remember_chunks)
         self.counts = ForwardCounts()
+        self.static_length = static_length
         session_ep = (session.get_providers() or [CPU])[0]
         self.device = DEVICE.get(session_ep, "cpu")     # where shared KV buffers live
+        # greedy forwards read the graph's own argmax (export/greedy_ids.py) off the CPU EP, where the
+        # logits would cross a bus; on the CPU, NumPy's argmax of the logits is as fast (2026-11-28,
+        # docs/gpu.md). graph_argmax=True forces it where the graph has it (tests).
+        self.graph_argmax = self.graph.has_greedy_ids and (session_ep != CPU if graph_argmax is None
+                                                           else bool(graph_argmax))
         self.use_layout(kv == "auto" and self.graph.declares_shared)      # sets self.kv
         if session_ep != CPU:      # what this EP's kernels do, measured (runtime/engine/probes.py)
             self.min_tokens = check_device_session(self, session_ep, exact)
@@ -110,11 +121,15 @@ class ModelRunner:
 
     def use_layout(self, shared: bool) -> None:
         """Hold the cache in the shared layout (buffers on `device`) or the copy layout, empty."""
-        if shared:
-            self.kv: CopyLayout | SharedLayout = self.shared_layout(self.graph, self.session, self.device,
-                                                                    self.max_position)
+        if shared and self.static_length:
+            self.kv: CopyLayout | SharedLayout = StaticLayout(self.graph, self.session, self.device, self.max_position,
+                                                              self.static_length, capture=captures(self.session))
+        elif shared:
+            self.kv = self.shared_layout(self.graph, self.session, self.device, self.max_position)
         else:
             self.kv = self.copy_layout(self.graph)
+        if captures(self.session) and not isinstance(self.kv, StaticLayout):
+            self.kv.plain_run = run_options(-1)       # a session that captures runs uncaptured only when told
         if self.prefill.session is not None:       # both graphs read and write the same cache
             self.kv.attach(self.prefill.session)
         self.prefill.keep(0)
@@ -142,22 +157,25 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ running
     def forward(self, ids: Sequence[int] | np.ndarray, last: int | None = None, pad: bool = True,
-                prefill_graph: bool | None = None) -> np.ndarray:
+                prefill_graph: bool | None = None, greedy: bool = False) -> np.ndarray:
         """Logits [len(ids), V] for `ids` appended after the cached positions; the cache grows by len(ids).
         `last=k`: only the last k positions' logits [k, V] (a prefill needs one row). A graph with a
         `logits_to_keep` input computes only those rows, at least `min_tokens` of them so that the head
         runs on the same kernel path as a verify forward; any other graph computes all and slices.
         pad=False: a short forward takes the graph's own (fast) path, unpadded. prefill_graph: run on the
-        prefill graph (True), on the graph (False), or by length, PREFILL_GRAPH_TOKENS or more (None)."""
+        prefill graph (True), on the graph (False), or by length, PREFILL_GRAPH_TOKENS or more (None).
+        greedy=True: each row's argmax (int64 [rows]) instead of the rows: the graph's own where it has
+        the greedy ids (export/greedy_ids.py: on a GPU only ids cross the bus), else the host's."""
         if prefill_graph is None:
             prefill_graph = self.prefill_graph_for(len(ids))
         if pad and 0 < len(ids) < self.min_tokens:  # pad with the last id, then drop it: causal, so exact
             flat = np.asarray(ids, dtype=np.int64).ravel()
             extra = self.min_tokens - flat.size
-            logits = self.forward(np.concatenate([flat, np.repeat(flat[-1:], extra)]), prefill_graph=prefill_graph)
+            rows = self.forward(np.concatenate([flat, np.repeat(flat[-1:], extra)]), prefill_graph=prefill_graph,
+                                greedy=greedy)
             self.crop(self.length - extra)
-            logits = logits[:flat.size]
-            return logits if last is None else logits[-last:]
+            rows = rows[:flat.size]
+            return rows if last is None else rows[-last:]
         s = len(ids)
         past = self.length
         input_ids = np.asarray(ids, dtype=np.int64).reshape(1, s)
@@ -165,16 +183,22 @@ class ModelRunner:
         on_prefill = bool(prefill_graph) and self.prefill.session is not None
         session, pad_rows = (self.prefill.session, self.prefill.pad_rows) if on_prefill else \
             (self.session, self.graph.pad_rows)
+        graph_ids = greedy and not on_prefill and self.graph_argmax
         t0 = time.perf_counter()
-        logits = self.kv.run(session, input_ids, rows, pad_rows)
+        out = self.kv.run(session, input_ids, rows, pad_rows, ids=graph_ids)
+        picked, sums = out if graph_ids else (None, None)
+        logits = None if graph_ids else out
         if last is not None:
-            logits = logits[-last:]
+            picked, sums, logits = (None if a is None else a[-last:] for a in (picked, sums, logits))
         self.counts.add((time.perf_counter() - t0) * 1e3, s)
         if on_prefill:
             self.prefill.ran(past, self.length)
-        if not np.isfinite(logits.sum()):   # one float32 reduction (~0.1 ms at 150k x 5): NaN and inf propagate
+        # one float32 reduction (~0.1 ms at 150k x 5; the graph's own where it picked): NaN and inf propagate
+        if not np.isfinite(sums.sum() if graph_ids else logits.sum()):
             raise GenerationError(f"the {self.role} graph returned NaN or inf logits (a corrupt or mismatched "
                                   "model file, or an EP numerics problem); no text was produced from them")
+        if greedy:
+            return picked if graph_ids else np.argmax(logits, axis=-1)
         return logits
 
     def run_extra(self, names: Sequence[str]) -> list[np.ndarray]:

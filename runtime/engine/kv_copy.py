@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.engine.kv_graph import GraphSignature, as_float32
+from edgespec.runtime.engine.kv_graph import LOGITS_SUM, NEXT_IDS, GraphSignature, as_float32
 
 
 class CopyLayout:
     """A KV cache held as NumPy arrays, [1, kv_heads, length, head_dim] per past input."""
 
     capacity = 0           # nothing preallocated
+    plain_run = None       # RunOptions of every run (kv_static.run_options(-1) on a session that captures)
 
     def __init__(self, graph: GraphSignature):
         self.graph = graph
@@ -41,15 +42,17 @@ class CopyLayout:
         """The cached positions, one array per past input."""
         return list(self.past)
 
-    def run(self, session, input_ids: np.ndarray, rows: int, pad_rows: int) -> np.ndarray:
+    def run(self, session, input_ids: np.ndarray, rows: int, pad_rows: int, ids: bool = False):
         """Logits of `input_ids` [1, s] after the cache on `session` ([rows, V] where the graph keeps
         rows, else [s, V]); the cache grows by s (the pad rows' KV a padded-attention graph writes is
-        dropped)."""
+        dropped). ids=True: (the graph's greedy ids, its row sums) instead (export/greedy_ids.py)."""
         s, past = input_ids.shape[1], self.length
         feeds = self.graph.step_feeds(input_ids, past, rows, pad_rows)
         for name, arr in zip(self.graph.past_names, self.past):
             # A cropped cache is a strided view; ORT needs C-contiguous input (one copy, only after a crop).
             feeds[name] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-        out = session.run(self.graph.output_names, feeds)
-        self.past = [p[:, :, :past + s] for p in out[1:]] if pad_rows else out[1:]
-        return as_float32(out[0][0])
+        heads = [NEXT_IDS, LOGITS_SUM] if ids else ["logits"]
+        out = session.run(heads + self.graph.present_names, feeds, self.plain_run)
+        kv = out[len(heads):]
+        self.past = [p[:, :, :past + s] for p in kv] if pad_rows else kv
+        return (out[0][0], out[1][0]) if ids else as_float32(out[0][0])

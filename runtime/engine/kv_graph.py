@@ -15,6 +15,8 @@ PRESENT_PREFIX = "present."
 LOGITS_TO_KEEP = "logits_to_keep"        # the graph input export/last_logits.py adds
 KV_KEY = "edgespec.kv_cache"             # "shared": builder graphs, whose attention writes the past in place
 MIN_TOKENS_KEY = "edgespec.min_forward_tokens"
+# export/greedy_ids.py: the graph's own argmax of each logits row, and the row's sum (NaN and inf show in it)
+NEXT_IDS, LOGITS_SUM = "next_ids", "logits_sum"
 # export/padded_attention.py: the graph appends this many copies of the last row to attention's queries
 # (and drops them after), so it takes a mask that many positions longer and writes that many extra KV
 # positions, which the runner never counts (the next forward overwrites them).
@@ -74,7 +76,8 @@ class GraphSignature:
         self.kv_dtype = _ORT_TO_NUMPY.get(past.type, np.float32)
         self.vocab = outputs["logits"].shape[-1]
         self.logits_dtype = _ORT_TO_NUMPY.get(outputs["logits"].type, np.float32)
-        self.extra_outputs = [n for n in outputs if n not in ("logits", *self.present_names)]
+        self.has_greedy_ids = NEXT_IDS in outputs and LOGITS_SUM in outputs
+        self.extra_outputs = [n for n in outputs if n not in ("logits", NEXT_IDS, LOGITS_SUM, *self.present_names)]
         meta = graph_meta(session)
         # A quantized graph may declare that its 1-token forwards compute other logits (attention's 1-query
         # path, amplified by int8 activations: docs/quantization.md); a runner then pads them so every

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.engine.kv_graph import LOGITS_TO_KEEP, GraphSignature, as_float32, keep_feed
+from edgespec.runtime.engine.kv_graph import LOGITS_SUM, LOGITS_TO_KEEP, NEXT_IDS, GraphSignature, as_float32, keep_feed
 
 CAPACITY_STEP = 256
 KEPT_LOGITS_ROWS = 16      # a logits buffer up to this many rows is kept for the next forward; a prefill's is not
+
+
+def has_greedy_ids(session) -> bool:
+    """Whether `session`'s graph computes the greedy ids (a prefill graph of an older bundle may not)."""
+    return any(o.name == NEXT_IDS for o in session.get_outputs())
 
 
 class SharedLayout:
@@ -33,6 +38,8 @@ class SharedLayout:
         self.mask = np.ones((1, 0), dtype=np.int64)
         self.bindings = {session: None}     # session -> its IOBinding of the buffers (made at the first growth)
         self.logits = np.empty((1, 0, 0), graph.logits_dtype)
+        self.greedy_heads: dict = {}      # session -> whether its graph has the greedy ids outputs
+        self.plain_run = None             # RunOptions of an uncaptured run (kv_static.py), None: ORT's defaults
 
     def reset(self) -> None:
         """Empty the cache; the buffers are kept for re-use."""
@@ -56,11 +63,12 @@ class SharedLayout:
             return [h[:, :, :self.length] for h in self.host]
         return [v.numpy()[:, :, :self.length] for v in self.values]
 
-    def grow(self, needed: int) -> None:
+    def grow(self, needed: int, exact: bool = False) -> None:
+        """Room for `needed` positions: doubled and rounded up to CAPACITY_STEP (exact: `needed` itself)."""
         import onnxruntime as ort  # lazy: importing the runtime (and `edgespec --help`) needs no onnxruntime
 
         cap = max(needed, 2 * self.capacity, CAPACITY_STEP)
-        cap = -(-cap // CAPACITY_STEP) * CAPACITY_STEP
+        cap = needed if exact else -(-cap // CAPACITY_STEP) * CAPACITY_STEP
         if self.max_position:
             cap = max(needed, min(cap, self.max_position))
         shape = (1, self.graph.kv_heads, cap, self.graph.head_dim)
@@ -83,9 +91,11 @@ class SharedLayout:
             io.bind_ortvalue_output(present, value)
         return io
 
-    def run(self, session, input_ids: np.ndarray, rows: int, pad_rows: int) -> np.ndarray:
+    def run(self, session, input_ids: np.ndarray, rows: int, pad_rows: int, ids: bool = False):
         """Logits [rows, V] of `input_ids` [1, s] after the cache, on `session` (the graph's or an attached
-        one); the cache grows by s (the pad rows' KV is written beyond it, never counted)."""
+        one); the cache grows by s (the pad rows' KV is written beyond it, never counted). ids=True:
+        (the graph's greedy ids [rows], its row sums [rows]) instead, the logits left where they were
+        computed (export/greedy_ids.py)."""
         s = input_ids.shape[1]
         end = self.length + s + pad_rows
         if end > self.capacity:
@@ -95,12 +105,25 @@ class SharedLayout:
         io.bind_cpu_input("attention_mask", self.mask[:, :end])
         if self.graph.keeps_last:
             io.bind_cpu_input(LOGITS_TO_KEEP, keep_feed(rows, s))
+        if ids:           # every head output is bound at every run: none is left pointing at a freed buffer
+            picked, sums = np.empty((1, rows), np.int64), np.empty((1, rows), np.float32)
+            io.bind_output(NEXT_IDS, "cpu", 0, np.int64, [1, rows], picked.ctypes.data)
+            io.bind_output(LOGITS_SUM, "cpu", 0, np.float32, [1, rows], sums.ctypes.data)
+            io.bind_output("logits", self.device)     # not copied: it stays where the graph computed it
+            session.run_with_iobinding(io, self.plain_run)
+            self.length += s
+            return picked[0], sums[0]
+        if self.greedy_heads.get(session) is None:
+            self.greedy_heads[session] = has_greedy_ids(session)
+        if self.greedy_heads[session]:
+            io.bind_output(NEXT_IDS, self.device)
+            io.bind_output(LOGITS_SUM, self.device)
         if rows > KEPT_LOGITS_ROWS or self.logits.shape[1] < rows:
             self.logits = np.empty((1, rows, self.graph.vocab), dtype=self.graph.logits_dtype)
         out = self.logits[:, :rows]
         # host memory: on a GPU EP only the rows asked for cross the bus
         io.bind_output("logits", "cpu", 0, self.graph.logits_dtype, list(out.shape), out.ctypes.data)
-        session.run_with_iobinding(io)
+        session.run_with_iobinding(io, self.plain_run)
         if rows > KEPT_LOGITS_ROWS:
             self.logits = np.empty((1, 0, 0), self.graph.logits_dtype)
         self.length += s

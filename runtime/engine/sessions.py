@@ -254,6 +254,19 @@ def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu
     return sess, info
 
 
+def with_graph_capture(ep) -> list[tuple[str, dict]]:
+    """`ep` with CUDA graphs enabled on its CUDA EP (provider option `enable_cuda_graph`;
+    runtime/engine/kv_static.py)."""
+    return [(n, {**o, "enable_cuda_graph": "1"} if n == EP_ALIASES["cuda"] else o) for n, o in resolve_providers(ep)]
+
+
+def capture_refused(exc: Exception) -> bool:
+    """Whether a session error is ONNX Runtime refusing CUDA graph capture for the graph (nodes left on
+    another EP, Memcpy nodes, control flow)."""
+    text = str(exc).lower()
+    return "graph capture" in text or "cuda graph" in text
+
+
 def is_cpu_only(ep) -> bool:
     """Whether `ep` (create_session's argument) asks for the CPU EP alone."""
     return all(n == CPU for n, _ in resolve_providers(ep))

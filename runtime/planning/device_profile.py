@@ -229,6 +229,10 @@ def probe_graph(runner, ids: list[int], slower_than_ms: float | None = None) -> 
                                  "it would replace: not measured further")
     one = np.stack(singles)
     wide, cost, repeats = {}, [step] + [float("inf")] * (tail - 1), True
+    if getattr(runner.kv, "capture", False):          # a width's first captured step is checked and captured
+        for k in range(2, tail + 1):                  # (kv_static.py): not a cost, so not timed
+            runner.crop(PREFIX)
+            runner.forward(ids[PREFIX:PREFIX + k], pad=False)
     for sweep in range(SWEEPS):
         for k in range(2, tail + 1 if sweep == 0 else min(tail, RESAMPLED) + 1):
             runner.crop(PREFIX)
@@ -255,6 +259,7 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
     session} already built (the decoder's), reused where their thread count is the one measured; other
     graphs and counts get sessions of their own, freed after."""
     from edgespec.runtime.engine.kv import ModelRunner
+    from edgespec.runtime.engine.kv_static import STATIC_LENGTH, captures
     from edgespec.runtime.engine.sessions import allowed_cores, create_session, is_cpu_only, resolve_threads
 
     t0, cpu0 = time.perf_counter(), cpu_seconds()
@@ -276,8 +281,9 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
         if sess is None:
             sess = built[(Path(path), n)] = create_session(path, ep, threads=n, role=role)[0]
         side = "target" if role == "target" else "drafter"
+        # a session that captures CUDA graphs (the decoder's target on CUDA) is measured as it runs: captured
         return ModelRunner(sess, side, (bundle.target if side == "target" else bundle.drafter).max_position,
-                           exact=False)
+                           exact=False, static_length=STATIC_LENGTH if captures(sess) else None)
 
     scaling, given = None, set(built)
     target_n = drafter_n = resolve_threads(threads)
@@ -339,8 +345,10 @@ def plan_for(bundle, threads: int | None, ep="cpu", graph: str | None = None, ac
         profile = load_profile(bundle, threads, ep)
     if profile is None:
         t = bundle.target
+        from edgespec.runtime.engine.sessions import is_cpu_only
+
         return None, export_plan(t.padded_exact_at_export, int(t.info.get("min_forward_tokens") or 1),
-                                 t.padded_onnx is not None)
+                                 t.padded_onnx is not None, cpu=is_cpu_only(ep))
     return profile, make_plan(profile, acceptance, graph=graph)
 
 

@@ -118,13 +118,18 @@ def gamma_range(cost: list[float], drafter_ms: float, alpha: float, max_gamma: i
 
 
 def export_plan(padded_exact_at_export: bool, min_forward_tokens: int, has_padded: bool,
-                max_gamma: int = MAX_GAMMA) -> Plan:
-    """The plan without a profile: what the export measured on its own machine decides."""
+                max_gamma: int = MAX_GAMMA, cpu: bool = True) -> Plan:
+    """The plan without a profile: what the export measured on its own machine decides. Off the CPU EP
+    (`cpu` False) the drafter waits for the profile: on a GPU at batch 1 a step is bound by kernel
+    launches, so a small drafter's step costs nearly a target step (0.75-0.79 of one on an H200,
+    docs/gpu.md) and drafting loses until the profile says otherwise."""
     padded = has_padded and padded_exact_at_export
     tokens = 1 if padded else max(1, int(min_forward_tokens))
-    return Plan(step_graph="padded_attention" if padded else "model", step_tokens=tokens, drafter=True,
-                gamma_max=max_gamma, free_guess=tokens >= 2, source="export",
-                reasons=("no device profile of this machine yet: the export's checks choose the graph",))
+    reasons = ("no device profile of this machine yet: the export's checks choose the graph",)
+    if not cpu:
+        reasons += ("not the CPU EP: no drafter before this EP's profile says it pays",)
+    return Plan(step_graph="padded_attention" if padded else "model", step_tokens=tokens, drafter=cpu,
+                gamma_max=max_gamma, free_guess=tokens >= 2, source="export", reasons=reasons)
 
 
 def _step(g) -> tuple[int, float] | None:

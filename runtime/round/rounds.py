@@ -63,8 +63,10 @@ def speculative_round(gen: "Generation", gamma: int, guess: bool = False) -> lis
         draft, accept = gen.propose(gen, gamma), gen.strategy.accept
     else:
         draft, accept = plain_step(gen, guess), accept_tokens
+    # greedy and unconstrained, a round reads only each row's argmax: the graph's own, where it has one
+    greedy = gen.params.greedy and gen.grammar is None
     try:
-        logits = gen.target.forward([gen.last, *draft.tokens], pad=gen.step.pads(len(draft.tokens)))
+        logits = gen.target.forward([gen.last, *draft.tokens], pad=gen.step.pads(len(draft.tokens)), greedy=greedy)
     finally:                            # never leave a drafter forward running behind us
         draft.finish()
     if gen.grammar is not None:         # constrained decoding: verify against the constrained target
@@ -175,7 +177,8 @@ def _top_probability(kept_logits: np.ndarray) -> float:
 
 def accept_tokens(gen: "Generation", logits: np.ndarray, draft: Draft) -> tuple[int, int]:
     """verify.py: greedy (accept while the draft is the target's argmax) or rejection sampling against
-    the draft's q rows (with the randomised rule when a < 1)."""
+    the draft's q rows (with the randomised rule when a < 1). `logits`: the verify rows, or at
+    temperature 0 their argmax ids (the forward's greedy=True)."""
     d = np.asarray(draft.tokens, dtype=np.int64)
     if gen.params.greedy:
         return verify_greedy(logits, d)

@@ -72,9 +72,21 @@ def verify_sampled(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, rng, a: flo
     return n_acc, sample(p[n], rng, cdf_buf)
 
 
+def greedy_ids(rows: np.ndarray) -> np.ndarray:
+    """The target's greedy ids from a verify forward: its logits rows [n, V] argmaxed, or the ids the
+    graph already picked, [n] (kv.ModelRunner.forward(greedy=True)). One row: greedy_id."""
+    return np.argmax(rows, axis=-1) if rows.ndim == 2 else rows
+
+
+def greedy_id(row: np.ndarray) -> int:
+    """greedy_ids of one row: a logits row [V], or the id the graph picked (a scalar)."""
+    return int(np.argmax(row)) if np.ndim(row) == 1 else int(row)
+
+
 def verify_greedy(target_logits: np.ndarray, drafts: np.ndarray) -> tuple[int, int]:
-    """(number of accepted drafts, the target's argmax after them); target_logits: [n+1, V]."""
-    best = np.argmax(target_logits, axis=-1)
+    """(number of accepted drafts, the target's argmax after them); target_logits: [n+1, V] logits, or
+    the [n+1] ids the graph picked (greedy_ids)."""
+    best = greedy_ids(target_logits)
     n = int(len(drafts))
     match = best[:n] == drafts
     n_acc = n if match.all() else int(np.argmin(match))
