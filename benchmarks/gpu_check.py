@@ -15,7 +15,10 @@ OUT/gpu_check.json:
 5. sampling: chi-square tests of tli at temperature 1 against the target's own distribution on the EP,
    and a broken verifier that must fail them;
 6. `edgespec bench --ep EP --peers` on cuda-fp16-same (report with MBSU, c_time, realisation);
-7. --scale: random Qwen2.5-1.5B- and 0.5B-shaped models built on the machine (transformers + the model
+7. CUDA graphs and the graph's greedy ids (benchmarks/gpu_graphs.py): the Memcpy nodes ORT leaves in
+   each target graph, captured against uncaptured greedy output for every strategy, and plain decoding
+   captured and not against onnxruntime-genai's generator with and without its CUDA graphs;
+8. --scale: random Qwen2.5-1.5B- and 0.5B-shaped models built on the machine (transformers + the model
    builder, fp16 and int4 for the EP), step costs for k = 1..9 tokens, the drafter's step full and pruned
    to 32,768 tokens, and plain decoding of edgespec's runner against onnxruntime-genai's generator on
    the same graph, interleaved. Random weights: step costs only, no acceptance.
@@ -224,6 +227,8 @@ def main() -> int:
              ("strategies", lambda: strategies_against_ar(bundles, ep)),
              ("batch_invariance", lambda: batch_invariance(bundles, ep)), ("sampling", lambda: sampling(bundles, ep)),
              ("bench", lambda: bench(bundles, ep, out))]
+    from gpu_graphs import run_all           # benchmarks/gpu_graphs.py: CUDA graphs, the graph's greedy ids
+    steps.append(("cuda_graphs", lambda: run_all(bundles, ep, say)))
     if "--scale" in sys.argv:
         from gpu_scale import scale      # benchmarks/gpu_scale.py
         steps.append(("scale", lambda: scale(ep, out, say, root / "work" / "hf" / "tiny-bl-a")))

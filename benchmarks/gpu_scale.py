@@ -63,12 +63,38 @@ def _build(hf: Path, out: Path, precision: str, ep: str, head_dim: int) -> Path:
     return out
 
 
-def _runner(path: Path, ep: str, threads: int | None = None):
+def _runner(path: Path, ep: str, threads: int | None = None, capture: bool = False):
+    """edgespec's runner on `path`; capture: its steps as CUDA graphs (runtime/engine/kv_static.py)."""
     from edgespec.runtime.engine.kv import ModelRunner
-    from edgespec.runtime.engine.sessions import create_session
+    from edgespec.runtime.engine.kv_static import STATIC_LENGTH
+    from edgespec.runtime.engine.sessions import create_session, with_graph_capture
 
-    sess, _ = create_session(path, ep, threads=threads, role="target")
-    return ModelRunner(sess, "target")
+    sess, _ = create_session(path, with_graph_capture(ep) if capture else ep, threads=threads, role="target")
+    return ModelRunner(sess, "target", static_length=STATIC_LENGTH if capture else None)
+
+
+def _with_greedy_ids(model_dir: Path) -> Path:
+    """model_dir/edgespec.onnx: the graph with its greedy ids (export/greedy_ids.py) beside the same data;
+    onnxruntime-genai keeps model.onnx."""
+    import onnx
+
+    from edgespec.export.greedy_ids import add_greedy_ids
+
+    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+    add_greedy_ids(model)
+    onnx.save_model(model, str(model_dir / "edgespec.onnx"))
+    return model_dir / "edgespec.onnx"
+
+
+def _genai_captured(model_dir: Path, ep: str):
+    """onnxruntime-genai's model with its CUDA graphs (provider option enable_cuda_graph)."""
+    import onnxruntime_genai as og
+
+    config = og.Config(str(model_dir))
+    config.clear_providers()
+    config.append_provider(ep)
+    config.set_provider_option(ep, "enable_cuda_graph", "1")
+    return og.Model(config)
 
 
 def _thread_choice(target: Path, drafter: Path, ids: list[int]) -> dict:
@@ -101,8 +127,8 @@ def _edgespec_plain(runner, ids: list[int]) -> float:
     runner.reset()
     tok = int(np.argmax(runner.forward(ids, last=1)[-1]))
     t0 = time.perf_counter()
-    for _ in range(NEW):
-        tok = int(np.argmax(runner.forward([tok], pad=False)[-1]))
+    for _ in range(NEW):                  # the graph's own argmax off the CPU EP (ModelRunner.graph_argmax)
+        tok = int(runner.forward([tok], pad=False, greedy=True)[-1])
     return NEW / (time.perf_counter() - t0)
 
 
@@ -243,12 +269,25 @@ def scale(ep: str, out: Path, say, tokenizer_dir: Path) -> None:
         prune_head(d_dir / "model.onnx", work / f"d-{precision}-pruned", np.arange(keep), np.arange(keep))
         pruned = work / f"d-{precision}-pruned" / "model.onnx"
         threads = _thread_choice(t_dir / "model.onnx", pruned, ids) if ep == "cpu" else {}
-        target = _runner(t_dir / "model.onnx", ep, threads.get("target_threads"))
+        graph = _with_greedy_ids(t_dir)
+        target = _runner(graph, ep, threads.get("target_threads"))
         model = og.Model(str(t_dir))                 # genai: its own thread choice (every core)
         rates = {"edgespec": [], "genai": []}
+        extra, refused = {}, {}
+        if ep == "cuda":                       # both sides' CUDA graphs
+            for name, make in (("edgespec_captured", lambda: _runner(graph, ep, capture=True)),
+                               ("genai_captured", lambda: _genai_captured(t_dir, ep))):
+                try:
+                    extra[name] = make()
+                    rates[name] = []
+                except Exception as exc:  # noqa: BLE001 - a refused capture is a result
+                    refused[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
         for _ in range(3):                     # interleaved
             rates["genai"].append(_genai_plain(model, og, ids))
             rates["edgespec"].append(_edgespec_plain(target, ids))
+            for name, obj in extra.items():
+                rates[name].append(_edgespec_plain(obj, ids) if name.startswith("edgespec") else
+                                   _genai_plain(obj, og, ids))
         costs = _k_costs(target, ids)
         drafter = {name: _k_costs(_runner(path / "model.onnx", ep, threads.get("drafter_threads")), ids, ks=(1,))[1]
                    for name, path in (("full", d_dir), ("pruned", work / f"d-{precision}-pruned"))}
@@ -264,6 +303,11 @@ def scale(ep: str, out: Path, say, tokenizer_dir: Path) -> None:
         say(f"scale/{precision}", {
             "plain_decode_tok_s": {k: round(v, 1) for k, v in med.items()},
             "edgespec_over_genai": round(med["edgespec"] / med["genai"], 3),
+            "captured_edgespec_over_genai": round(med["edgespec_captured"] / med["genai_captured"], 3)
+            if "edgespec_captured" in med and "genai_captured" in med else None,
+            "capture_refused": refused,
+            "captured_steps_checked": sorted(getattr(extra.get("edgespec_captured"), "kv", None).checked)
+            if "edgespec_captured" in extra else None,
             "runs": {k: [round(x, 1) for x in v] for k, v in rates.items()},
             "target_k_token_forward_ms": costs, "verify_cost_vs_1": {k: round(v / costs[1], 2) for k, v in costs.items()},
             "drafter_step_ms": drafter, "c_time_pruned": round(drafter["pruned"] / costs[1], 3),
@@ -271,4 +315,4 @@ def scale(ep: str, out: Path, say, tokenizer_dir: Path) -> None:
             "cuda_graph_ms": graphs, "min_tokens": target.min_tokens, "threads": threads,
             "plan": _plan(costs, drafter["pruned"], target.min_tokens == 1, threads),
             "seconds": round(time.perf_counter() - t0, 1)})
-        del model, target
+        del model, target, extra

@@ -78,6 +78,7 @@ class GenaiPeer:
         strip_greedy_ids(model)
         onnx.save_model(model, str(root / graph_name))
         (root / "genai_config.json").write_text(json.dumps(cfg, indent=2))
+        self.root = root                 # the generator's copy of the graph and its genai_config.json
         self.model = og.Model(str(root))
 
     def generate(self, ids, max_new_tokens: int, temperature: float = 0.0, **_ignored) -> GenerationResult:

@@ -334,3 +334,19 @@ def test_a_gpu_eps_profile_plans_its_decoders_and_not_the_cpus(bundle, home):
     assert profile == gpu and plan.source == "profile" and not plan.drafter and plan.step_tokens == 1
     assert "the drafter does not pay here" in plan.reasons[-1]
     assert dp.load_profile(bundle, 1, "cpu") is None and dp.plan_for(bundle, 1, "cpu")[1] == cpu_plan
+
+
+def test_a_cuda_int4_profile_runs_the_targets_own_steps_and_no_profile_no_drafter(bundle, home):
+    """The H200's int4 costs at the Qwen2.5-1.5B shape (2026-11-27): 1-token steps differ from wider ones
+    (CUDA's GEMV path), a 2-token forward costs 1.17x one, the drafter 0.77x: no drafter, and unpadded
+    1-token steps (what onnxruntime-genai runs) rather than padded ones with lookup guesses. Without any
+    profile a decoder off the CPU EP starts without the drafter (the export's plan on the CPU keeps it)."""
+    assert dp.plan_for(bundle, 1, "cuda")[1].drafter is False
+    assert dp.plan_for(bundle, 1, "cpu")[1].drafter is True
+    model = dp.GraphProfile(measured=True, one_token_exact=False, wide_exact=True, one_token_max_abs_diff=0.027,
+                            wide_max_abs_diff=0.0, cost_ms=[4.0, 4.68, 5.44, 5.8, 6.2, 6.6, 7.0, 7.4, 7.8])
+    dp.save_profile(dp.DeviceProfile(key=dp.profile_key(bundle, 1, "cuda"), graphs={"model": model},
+                                     drafter_step_ms=3.08, measure_s=1.0, measured_utc="-"))
+    plan = dp.plan_for(bundle, 1, "cuda")[1]
+    assert not plan.drafter and plan.step_tokens == 2 and plan.plain_steps == "fast"
+    assert "the target's own decoding" in plan.describe()
