@@ -12,7 +12,7 @@ from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime.engine.kv import ModelRunner
 from edgespec.runtime.engine.kv_graph import LOGITS_SUM, NEXT_IDS
 from edgespec.runtime.engine.kv_static import StaticLayout
-from edgespec.runtime.engine.sessions import create_session
+from edgespec.runtime.engine.sessions import capture_refused, create_session, with_graph_capture
 
 PROMPTS = ["def quicksort(items):\n    ", "The quick brown fox", "Naïve café owners in Zürich serve"]
 
@@ -57,7 +57,7 @@ def test_the_export_adds_greedy_ids_once_and_strips_them(tiny_same_bundle):
 
 
 @pytest.mark.parametrize("graph", ["model", "padded"])
-def test_graph_argmax_and_static_steps_give_the_shared_layouts_bits(tiny_padded_bundle, walk_ids, graph):
+def test_graph_argmax_and_static_steps_give_the_shared_layouts_bits(tiny_padded_bundle, walk_ids, graph, capsys):
     t = Bundle.load(tiny_padded_bundle).target
     path = t.onnx if graph == "model" else t.padded_onnx
     base = _walk(_runner(path, graph_argmax=False), walk_ids)
@@ -70,6 +70,8 @@ def test_graph_argmax_and_static_steps_give_the_shared_layouts_bits(tiny_padded_
     for got, want in zip(_walk(static, walk_ids), base):
         np.testing.assert_array_equal(got, want)
     assert not static.kv.static and static.kv.capacity > 64        # outgrown: uncaptured from then on
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "outgrow the 64-position static KV cache" in said[0]
     # min_tokens 2 (padded 1-token steps) through the static buffers: the pad is cropped as before
     padded = [_walk(_runner(path, min_tokens=2, static_length=s, graph_argmax=True), walk_ids) for s in (None, 512)]
     for got, want in zip(*padded):
@@ -148,3 +150,26 @@ def test_the_cuda_graph_setting_is_checked_in_one_line(tiny_same_bundle):
     assert "\n" not in str(err.value)
     dec = SpeculativeDecoder(Bundle.load(tiny_same_bundle), strategy="ar", threads=1)
     assert not isinstance(dec.shared.target.kv, StaticLayout)     # auto: only the CUDA EP captures
+
+
+def test_capture_is_asked_of_the_cuda_ep_alone_and_its_refusal_is_recognised():
+    assert with_graph_capture("cpu") == [("CPUExecutionProvider", {})]
+    asked = dict(with_graph_capture(["cuda", "cpu"]))
+    assert asked["CUDAExecutionProvider"] == {"enable_cuda_graph": "1"} and asked["CPUExecutionProvider"] == {}
+    # ORT's words (onnxruntime/core/session/inference_session.cc) when a graph cannot be captured
+    assert capture_refused(RuntimeError("This session cannot use the graph capture feature as requested by the user "
+                                        "as all compute graph nodes have not been partitioned to the "
+                                        "CUDAExecutionProvider"))
+    assert not capture_refused(RuntimeError("Failed to load libonnxruntime_providers_cuda.so"))
+
+
+def test_graph_ids_are_never_shared_by_two_layouts(tiny_same_bundle):
+    """ORT replays a captured graph by its id whatever is bound: a layout made again (the load's probes
+    make several) must not name another's graphs."""
+    runner = _runner(Bundle.load(tiny_same_bundle).target.onnx)
+    a, b = (StaticLayout(runner.graph, runner.session, "cpu", 2048, 64, capture=True) for _ in range(2))
+    for layout in (a, b):
+        layout.run(runner.session, np.array([[5, 6, 7]]), 3, 0)
+        layout.run(runner.session, np.array([[8]]), 1, 0)
+    ids = lambda layout: {s.run_options.get_run_config_entry("gpu_graph_id") for s in layout.steps.values()}  # noqa: E731
+    assert len(ids(a)) == len(ids(b)) == 1 and not ids(a) & ids(b)

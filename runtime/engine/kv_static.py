@@ -14,7 +14,10 @@ onnxruntime-genai does:
   the device), and `total_sequence_length` (its shape) never changes;
 - each step width k (1..MAX_WIDTH) has its own input ids, `logits_to_keep` (0: every row) and output
   buffers (logits, and the graph's greedy ids and row sums: export/greedy_ids.py), bound once, and its
-  own captured graph, selected with the run option `gpu_graph_id` = k.
+  own captured graph, selected with the run option `gpu_graph_id`. ORT keeps a captured graph under its
+  id for the session's life, and replays it whatever is bound at the time, so each layout's buffers get
+  ids of their own (`graph_base` + k, unique in the process): a layout made again (the load's probes
+  make several) never replays a graph that writes into another's buffers.
 
 Everything else runs uncaptured on the same buffers (`gpu_graph_id` -1): a prefill (a forward on an
 empty cache, with a mask as long as its tokens, as onnxruntime-genai runs a prompt), a forward wider
@@ -26,6 +29,7 @@ at each width's first captured step (`run`).
 """
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass
 
@@ -37,6 +41,7 @@ from edgespec.runtime.engine.kv_shared import SharedLayout, has_greedy_ids
 MAX_WIDTH = 16              # widest captured step (a gamma-8 verify is 9; forced grammar tokens reach 17)
 STATIC_LENGTH = 4096        # positions a static cache holds before it grows (a 1.5B Qwen's: 115 MB in fp16)
 GRAPH_ID = "gpu_graph_id"   # ORT's run option selecting a captured graph (-1: run uncaptured)
+_GRAPH_BASES = itertools.count(1)        # one per StaticLayout: its graphs' ids are base * (MAX_WIDTH + 1) + k
 
 
 @dataclass
@@ -63,6 +68,7 @@ class StaticLayout(SharedLayout):
         self.static = True              # False once a context outgrew static_length (nothing is replayed after)
         self.steps: dict[int, StepBuffers] = {}
         self.checked: set[int] = set()      # widths whose captured step was compared with the uncaptured one
+        self.graph_base = next(_GRAPH_BASES) * (MAX_WIDTH + 1)
         self.mask_host = np.zeros((1, 0), np.int64)
         self.mask_value = None
         if capture:
@@ -106,7 +112,8 @@ class StaticLayout(SharedLayout):
             sums = ort.OrtValue.ortvalue_from_shape_and_type([1, k], np.float32, dev, 0)
             io.bind_ortvalue_output(NEXT_IDS, next_ids)
             io.bind_ortvalue_output(LOGITS_SUM, sums)
-        got = self.steps[k] = StepBuffers(io, ids, logits, next_ids, sums, run_options(k) if self.capture else None)
+        got = self.steps[k] = StepBuffers(io, ids, logits, next_ids, sums,
+                                          run_options(self.graph_base + k) if self.capture else None)
         return got
 
     def run(self, session, input_ids: np.ndarray, rows: int, pad_rows: int, ids: bool = False):
