@@ -27,9 +27,10 @@ def test_default_export_is_fused_with_a_shared_kv_cache(tiny_same_bundle, side):
     assert g["kind"] == "builder" and g["kv_cache"] == "shared" and g["ep"] == "cpu"
     assert ops.count("GroupQueryAttention") == g["group_query_attention"] == 2   # one per layer
     # the manifest counts the built graph; the bundle adds logits_to_keep's 5 nodes (Neg, two Slices after
-    # the last attention and two Constants: export/last_logits.py) to both, and pruning the two constant
-    # outputs to the drafter
-    assert len(ops) == g["nodes"] + 5 + (2 if side == "drafter" else 0) < 1000
+    # the last attention and two Constants: export/last_logits.py) to both, the greedy ids' 4 (ArgMax, Cast,
+    # a Constant, ReduceSum: export/greedy_ids.py) to the target, and pruning the two constant outputs to
+    # the drafter
+    assert len(ops) == g["nodes"] + 5 + (2 if side == "drafter" else 4) < 1000
     assert "logits_to_keep" in {i.name for i in m.graph.input} and ops.count("Slice") >= 2
     meta = {p.key: p.value for p in m.metadata_props}
     assert meta["edgespec.kv_cache"] == "shared" and meta["edgespec.graph"] == "builder/fp32"

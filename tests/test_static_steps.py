@@ -142,6 +142,7 @@ def test_every_strategy_on_static_steps_and_graph_ids_equals_ar(tiny_same_bundle
         got = [dec.variant(strategy).generate(p, max_new_tokens=24).token_ids for p in PROMPTS]
         assert got == ar_outputs[name], strategy
     assert target.kv.static and target.kv.steps        # the steps ran from the fixed buffers
+    assert isinstance(dec.shared.drafter.kv, StaticLayout) and dec.shared.drafter.kv.steps     # the drafter's too
 
 
 def test_the_cuda_graph_setting_is_checked_in_one_line(tiny_same_bundle):

@@ -46,10 +46,15 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
     prefill_request, prefill_now, prefill_from = prefill_graph_request(bundle, prefill_graph, ep, target_request,
                                                                        defer_drafter)
     requests = [target_request] + ([prefill_request] if prefill_now else [])
-    drafter_request = None
+    drafter_request, draft_capture = None, False
     if with_drafter:
         drafter_request = dict(model_path=bundle.drafter.onnx, ep=ep if draft_ep is None else draft_ep,
                                threads=draft_threads, allow_fallback=allow_fallback, role="drafter")
+        # the drafter's steps too: on a GPU a 0.5B step costs 0.75-0.79 of a 1.5B one uncaptured (kernel
+        # launches, docs/gpu.md); its proposals are only ever verified, so a capture can never cost a token
+        draft_capture = capture and resolve_providers(drafter_request["ep"])[0][0] == EP_ALIASES["cuda"]
+        if draft_capture:
+            drafter_request["ep"] = with_graph_capture(drafter_request["ep"])
     # The drafter's session waits for its first forward (kv.DeferredRunner) on the CPU EP; other EPs build
     # it now, so that an EP that fails to load says so here. Built now, a pair's two sessions are built at
     # the same time (create_sessions), and the text side is made ready meanwhile.
@@ -60,9 +65,12 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
     except Exception as exc:
         if not (capture and capture_refused(exc)):
             raise
-        warnings.warn(f"target: ONNX Runtime will not capture this graph's steps as CUDA graphs ({str(exc)[:240]}); "
+        warnings.warn(f"ONNX Runtime will not capture these graphs' steps as CUDA graphs ({str(exc)[:240]}); "
                       "they run uncaptured", RuntimeWarning, stacklevel=3)
         target_request["ep"] = ep
+        if drafter_request is not None:
+            drafter_request["ep"] = ep if draft_ep is None else draft_ep
+        capture = draft_capture = False
         sessions = create_sessions(made, beside=lambda: _prepare_text(bundle))
     target_session, target_info = sessions.pop(0)
     prefill = sessions.pop(0)[0] if prefill_now else None
@@ -80,11 +88,12 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
         target.check_prefill_chunks()
     drafter = text_context = None
     if with_drafter:
+        draft_static = draft_capture or session["cuda_graph"] == "static"
         if defer:
-            drafter = DeferredRunner(lambda: drafter_runner(bundle, create_session(**drafter_request)),
+            drafter = DeferredRunner(lambda: drafter_runner(bundle, create_session(**drafter_request), draft_static),
                                      bundle.drafter.max_position, [CPU])
         else:
-            drafter = drafter_runner(bundle, sessions[0])
+            drafter = drafter_runner(bundle, sessions[0], draft_static)
         text_context = drafter_context(bundle)          # token tables: built once per decoder
     return Shared(bundle, target, drafter, text_context, target_info, store_mb)
 
@@ -99,11 +108,13 @@ def check_runner(bundle, runner: ModelRunner, info: dict, width: int, role: str)
                           f"manifest says {layers} layers")
 
 
-def drafter_runner(bundle, made: tuple) -> ModelRunner:
+def drafter_runner(bundle, made: tuple, static: bool = False) -> ModelRunner:
     """The drafter's runner over a created (session, SessionInfo), checked against the bundle (its
-    `index_map` and `draft_ids` outputs against vocab/)."""
+    `index_map` and `draft_ids` outputs against vocab/). `static`: its steps from fixed buffers, captured
+    where the session was made to (runtime/engine/kv_static.py)."""
     session, info = made
-    runner = ModelRunner(session, "drafter", bundle.drafter.max_position, exact=False)
+    runner = ModelRunner(session, "drafter", bundle.drafter.max_position, exact=False,
+                         static_length=STATIC_LENGTH if static else None)
     runner.session_info = info
     check_runner(bundle, runner, bundle.drafter.info, bundle.kept, "drafter")
     names = [n for n in ("index_map", "draft_ids") if n in runner.extra_outputs]

@@ -206,7 +206,7 @@ class ModelRunner:
         `index_map`); the runner's cache is left untouched."""
         feeds = self.graph.step_feeds(np.zeros((1, 1), dtype=np.int64), 0, 1, self.graph.pad_rows)
         feeds.update((name, self.graph.empty_past()) for name in self.graph.past_names)
-        return self.session.run(list(names), feeds)
+        return self.session.run(list(names), feeds, run_options(-1) if captures(self.session) else None)
 
     # ------------------------------------------------------------------ the prefill graph
     def attach_prefill_graph(self, session) -> None:

@@ -112,6 +112,10 @@ class StaticLayout(SharedLayout):
             sums = ort.OrtValue.ortvalue_from_shape_and_type([1, k], np.float32, dev, 0)
             io.bind_ortvalue_output(NEXT_IDS, next_ids)
             io.bind_ortvalue_output(LOGITS_SUM, sums)
+        for o in session.get_outputs():      # the pruned drafter's constant outputs: fixed buffers too
+            if o.name in g.extra_outputs and all(isinstance(d, int) for d in o.shape):
+                io.bind_ortvalue_output(o.name, ort.OrtValue.ortvalue_from_shape_and_type(list(o.shape), np.int64,
+                                                                                          dev, 0))
         got = self.steps[k] = StepBuffers(io, ids, logits, next_ids, sums,
                                           run_options(self.graph_base + k) if self.capture else None)
         return got
