@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -58,7 +57,6 @@ def memcpy_nodes(path: Path, ep: str) -> dict:
 def captured_against_uncaptured(bundle_path: Path, ep: str) -> dict:
     from edgespec.errors import EdgespecError
     from edgespec.runtime import Bundle, SpeculativeDecoder
-    from edgespec.runtime.engine.kv_static import StaticLayout
 
     b = Bundle.load(bundle_path)
     with warnings.catch_warnings(record=True) as said:
@@ -88,18 +86,6 @@ def _edgespec_rate(dec, ids: list[int]) -> float:
     return (st.new_tokens - 1) / max(1e-9, (st.total_ms - st.ttft_ms) / 1e3)
 
 
-def _genai_rate(model, og, ids: list[int]) -> float:
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + NEW + 1, do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens(list(ids))
-    gen.generate_next_token()
-    t0 = time.perf_counter()
-    for _ in range(NEW - 1):
-        gen.generate_next_token()
-    return (NEW - 1) / (time.perf_counter() - t0)
-
-
 def genai_model(target_dir: Path, ep: str, cuda_graph: bool):
     """onnxruntime-genai's model on the bundle's target graph (profiler/peers.py's copy, logits_to_keep and
     the greedy ids stripped), its CUDA graphs on or off."""
@@ -118,6 +104,7 @@ def genai_model(target_dir: Path, ep: str, cuda_graph: bool):
 
 def plain_rates(bundle_path: Path, ep: str, rounds: int = 3) -> dict:
     import onnxruntime_genai as og
+    from gpu_scale import _genai_plain      # benchmarks/ is on the path (gpu_check.py, or run from it)
 
     from edgespec.runtime import Bundle, SpeculativeDecoder
 
@@ -139,7 +126,7 @@ def plain_rates(bundle_path: Path, ep: str, rounds: int = 3) -> dict:
             for name, dec in rows.items():
                 rates[name].append(_edgespec_rate(dec, ids))
             for name, (model, _peer) in peers.items():
-                rates[name].append(_genai_rate(model, og, ids))
+                rates[name].append(_genai_plain(model, og, ids))
     med = {k: round(statistics.median(v), 1) for k, v in rates.items() if v}
     out = {"decode_tok_s": med, "errors": errors}
     if "edgespec" in med:
@@ -164,6 +151,8 @@ def run_all(bundles: dict, ep: str, say) -> None:
 if __name__ == "__main__":          # a dry run on any machine: python benchmarks/gpu_graphs.py BUNDLE [EP]
     import json
     import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
     run_all({Path(sys.argv[1]).name: Path(sys.argv[1])}, sys.argv[2] if len(sys.argv) > 2 else "cpu",
             lambda k, v: print(k, json.dumps(v, default=str)[:1500], flush=True))
