@@ -3,7 +3,7 @@
 
 On a GPU a greedy step needs k token ids, not k rows of logits (a Qwen2.5 row is 152k values, 300 KB
 in fp16, copied to the host and argmaxed there every step); onnxruntime-genai's greedy search argmaxes
-on the device too. The runtime (runtime/engine/kv.py, `forward(..., ids=True)`) binds these two outputs
+on the device too. The runtime (runtime/engine/kv.py, `forward(..., greedy=True)`) binds these two outputs
 and leaves the logits on the device: ArgMax keeps the first of equal maxima, as NumPy's argmax does, so
 the ids are those the host would pick; the row sum, in float32 so that an fp16 row cannot overflow it,
 carries any NaN or inf of the row, which the runtime refuses as it refuses such logits. Graphs without

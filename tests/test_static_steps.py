@@ -174,3 +174,19 @@ def test_graph_ids_are_never_shared_by_two_layouts(tiny_same_bundle):
         layout.run(runner.session, np.array([[8]]), 1, 0)
     ids = lambda layout: {s.run_options.get_run_config_entry("gpu_graph_id") for s in layout.steps.values()}  # noqa: E731
     assert len(ids(a)) == len(ids(b)) == 1 and not ids(a) & ids(b)
+
+
+def test_a_large_reservation_does_not_end_capture_and_a_reset_brings_it_back(tiny_same_bundle, capsys):
+    runner = _runner(Bundle.load(tiny_same_bundle).target.onnx, static_length=64)
+    runner.reserve(20)
+    assert runner.kv.capacity == 64 and runner.kv.static
+    runner.reserve(5000)              # a generation's max_new_tokens it may never reach: nothing moves
+    assert runner.kv.capacity == 64 and runner.kv.static and not capsys.readouterr().err
+    runner.forward(list(range(5, 75)))                   # 70 positions: outgrown, said once
+    assert not runner.kv.static and "outgrow" in capsys.readouterr().err
+    base = runner.kv.graph_base
+    runner.reset()
+    assert runner.kv.static and runner.kv.capacity == 0 and runner.kv.graph_base != base
+    runner.forward([5, 6, 7])
+    runner.forward([8])
+    assert runner.kv.capacity == 64 and runner.kv.steps

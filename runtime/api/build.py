@@ -71,6 +71,7 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
         if drafter_request is not None:
             drafter_request["ep"] = ep if draft_ep is None else draft_ep
         capture = draft_capture = False
+        static = session["cuda_graph"] == "static"
         sessions = create_sessions(made, beside=lambda: _prepare_text(bundle))
     target_session, target_info = sessions.pop(0)
     prefill = sessions.pop(0)[0] if prefill_now else None

@@ -113,7 +113,7 @@ class DecodeConfig:
 # answer_store_mb: the decoder's answer store (answer_store.py), shared by its variants; 0: off
 SESSION_OPTIONS = {"draft_ep": None, "draft_threads": None, "defer_drafter": True,
                    "answer_store_mb": DEFAULT_STORE_MB, "cuda_graph": "auto"}
-# "auto": the target's steps are captured as CUDA graphs on the CUDA EP (runtime/engine/kv_static.py);
+# "auto": the target's and the drafter's steps are captured as CUDA graphs on the CUDA EP (runtime/engine/kv_static.py);
 # "static": their fixed buffers without capture, on any EP (the captured path's code, checked on a CPU);
 # "off": neither.
 CUDA_GRAPH_SETTINGS = ("auto", "static", "off")

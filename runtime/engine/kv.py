@@ -115,6 +115,11 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ state
     @property
+    def captures(self) -> bool:
+        """Whether this runner's steps may be captured as CUDA graphs (runtime/engine/kv_static.py)."""
+        return bool(getattr(self.kv, "capture", False))
+
+    @property
     def shared(self) -> bool:
         """Whether the cache is in the shared layout (runtime/engine/kv_shared.py)."""
         return isinstance(self.kv, SharedLayout)

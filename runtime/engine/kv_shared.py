@@ -4,9 +4,10 @@ past input and the `present.*` output of every session that runs the graph (the 
 graph's). Attention reads positions [0, length) and writes the new ones in place: a forward moves only
 input_ids, the attention mask and the logits, and a rollback is a change of `length`. The buffers live
 on the EP's device (CPU memory, or CUDA/DirectML OrtValues on a GPU EP) and the logits are bound to host
-memory, so on a GPU only the logits rows cross the bus. Capacity grows by doubling (one copy of the
-cache per growth); `reserve(n)` sizes it up front so a generation never grows it. One of
-kv.ModelRunner's two layouts; runtime/engine/kv_copy.py is the other, with the same methods.
+memory, so on a GPU only the logits rows cross the bus (with `ids=True`, only the graph's greedy ids and
+row sums: export/greedy_ids.py). Capacity grows by doubling (one copy of the cache per growth);
+`reserve(n)` sizes it up front so a generation never grows it. One of kv.ModelRunner's layouts;
+runtime/engine/kv_copy.py and kv_static.py are the others, with the same methods.
 """
 from __future__ import annotations
 

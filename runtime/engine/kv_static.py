@@ -14,7 +14,7 @@ onnxruntime-genai does:
   the device), and `total_sequence_length` (its shape) never changes;
 - each step width k (1..MAX_WIDTH) has its own input ids, `logits_to_keep` (0: every row) and output
   buffers (logits, and the graph's greedy ids and row sums: export/greedy_ids.py), bound once, and its
-  own captured graph, selected with the run option `gpu_graph_id`. ORT keeps a captured graph under its
+  own captured graph, selected with the run option `gpu_graph_id` (`graph_base` + k). ORT keeps a captured graph under its
   id for the session's life, and replays it whatever is bound at the time, so each layout's buffers get
   ids of their own (`graph_base` + k, unique in the process): a layout made again (the load's probes
   make several) never replays a graph that writes into another's buffers.
@@ -52,7 +52,7 @@ class StepBuffers:
     logits: object                  # OrtValue [1, k, V]
     next_ids: object | None         # OrtValue [1, k] (the graph's greedy ids), None where it has none
     sums: object | None
-    run_options: object | None      # gpu_graph_id = k where the session captures
+    run_options: object | None      # gpu_graph_id = graph_base + k where the session captures
 
 
 class StaticLayout(SharedLayout):
@@ -73,6 +73,20 @@ class StaticLayout(SharedLayout):
         self.mask_value = None
         if capture:
             self.plain_run = run_options(-1)
+
+    def reserve(self, positions: int) -> None:
+        """Size the static buffers at the first reservation (at least `length`); later ones do nothing:
+        a generation's reservation counts max_new_tokens it may never reach, and only a forward that
+        needs more positions than the buffers hold outgrows them (`run`)."""
+        if not self.capacity:
+            super().reserve(positions)
+
+    def reset(self) -> None:
+        """Empty the cache; a cache that had outgrown its static buffers gets new ones (and new graphs)."""
+        super().reset()
+        if not self.static and self.capacity:
+            self.static, self.capacity, self.steps, self.checked = True, 0, {}, set()
+            self.graph_base = next(_GRAPH_BASES) * (MAX_WIDTH + 1)
 
     def grow(self, needed: int, exact: bool = False) -> None:
         first = not self.capacity
@@ -103,7 +117,8 @@ class StaticLayout(SharedLayout):
         io.bind_ortvalue_input("input_ids", ids)
         io.bind_ortvalue_input("attention_mask", self.mask_value)
         if g.keeps_last:
-            io.bind_ortvalue_input(LOGITS_TO_KEEP, ort.OrtValue.ortvalue_from_numpy(np.zeros(1, np.int64), dev, 0))
+            # 0: every row; read by Slice's host-side `starts`, so bound in host memory
+            io.bind_ortvalue_input(LOGITS_TO_KEEP, ort.OrtValue.ortvalue_from_numpy(np.zeros(1, np.int64)))
         logits = ort.OrtValue.ortvalue_from_shape_and_type([1, k, g.vocab], g.logits_dtype, dev, 0)
         io.bind_ortvalue_output("logits", logits)
         next_ids = sums = None
@@ -140,10 +155,15 @@ class StaticLayout(SharedLayout):
             self.checked.add(s)
             session.run_with_iobinding(step.io, self.plain_run)
             want = self.outputs(step, ids)
-            session.run_with_iobinding(step.io, step.run_options)
-            if not all(np.array_equal(a, b) for a, b in zip(self.outputs(step, ids), want)):
-                print(f"edgespec: a captured {s}-token step (CUDA graph) gave other bits than the same step "
-                      "uncaptured; this runner's steps run uncaptured from now on", file=sys.stderr)
+            try:
+                session.run_with_iobinding(step.io, step.run_options)
+                why = None if all(np.array_equal(a, b) for a, b in zip(self.outputs(step, ids), want)) else \
+                    "gave other bits than the same step uncaptured"
+            except Exception as exc:  # noqa: BLE001 - ORT's own types; the uncaptured result stands
+                why = f"could not be captured ({str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__})"
+            if why:
+                print(f"edgespec: a captured {s}-token step (CUDA graph) {why}; this runner's steps run "
+                      "uncaptured from now on", file=sys.stderr)
                 self.capture = False
             got = want
         else:

@@ -88,7 +88,8 @@ def draft_randomised(gen, gamma: int) -> Draft:
     ids = gen.drafter_ctx.inputs()
     prefill = gen.starts_fill()
     t_submit = None
-    if gen.config.concurrent_draft:
+    # ORT captures a CUDA graph with global capture mode: no other thread may use the GPU meanwhile
+    if gen.config.concurrent_draft and not (gen.target.captures or gen.drafter.captures):
         t_submit = time.perf_counter()
         pending = gen.shared.side_runner().submit(gen.drafter.forward, ids, 1)    # last row only
     else:
