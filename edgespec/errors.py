@@ -27,3 +27,9 @@ class GenerationError(EdgespecError):
 
 class CalibrationError(EdgespecError):
     """Calibration input is unusable (empty corpus, glob matching nothing, bad K/P...)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name where it has none: what a one-line
+    error or warning quotes of a library's multi-line message."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

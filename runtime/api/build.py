@@ -6,7 +6,6 @@ forward on the CPU EP), the pair's token tables, all checked against the bundle 
 from __future__ import annotations
 
 import contextlib
-import warnings
 from functools import partial
 
 import numpy as np
@@ -16,9 +15,8 @@ from edgespec.runtime.bundle.chat import compile_template
 from edgespec.runtime.round.context import drafter_context
 from edgespec.runtime.planning.device_profile import graph_paths
 from edgespec.runtime.engine.kv import DeferredRunner, ModelRunner
-from edgespec.runtime.engine.kv_static import STATIC_LENGTH
-from edgespec.runtime.engine.sessions import (CPU, EP_ALIASES, capture_refused, create_session, create_sessions,
-                                              is_cpu_only, prefill_graph_request, resolve_providers, with_graph_capture)
+from edgespec.runtime.engine.kv_static import STATIC_LENGTH, captures
+from edgespec.runtime.engine.sessions import CPU, create_session, create_sessions, is_cpu_only, prefill_graph_request
 from edgespec.runtime.api.shared import Shared
 from edgespec.runtime.engine.verdicts import remembered
 
@@ -36,43 +34,27 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
     target_threads = threads if threads is not None else plan.threads
     if draft_threads is None:
         draft_threads = threads if threads is not None else plan.draft_threads
+    # the steps as CUDA graphs on the CUDA EP (runtime/engine/kv_static.py), or their fixed buffers alone;
+    # the drafter's too: uncaptured, a 0.5B step costs 0.75-0.79 of a 1.5B one on a GPU (kernel launches,
+    # docs/gpu.md), and its proposals are only ever verified, so a capture can never cost a token
+    capture, fixed_buffers = session["cuda_graph"] == "auto", session["cuda_graph"] == "static"
     target_request = dict(model_path=graph_paths(bundle)[plan.step_graph], ep=ep, threads=target_threads,
-                          allow_fallback=allow_fallback, role="target", stop_spinning=not target_alone)
-    # the target's steps as CUDA graphs (runtime/engine/kv_static.py), or their fixed buffers alone
-    capture = session["cuda_graph"] == "auto" and resolve_providers(ep)[0][0] == EP_ALIASES["cuda"]
-    static = capture or session["cuda_graph"] == "static"
-    if capture:
-        target_request["ep"] = with_graph_capture(ep)
+                          allow_fallback=allow_fallback, role="target", stop_spinning=not target_alone,
+                          graph_capture=capture)
     prefill_request, prefill_now, prefill_from = prefill_graph_request(bundle, prefill_graph, ep, target_request,
                                                                        defer_drafter)
     requests = [target_request] + ([prefill_request] if prefill_now else [])
-    drafter_request, draft_capture = None, False
+    drafter_request = None
     if with_drafter:
         drafter_request = dict(model_path=bundle.drafter.onnx, ep=ep if draft_ep is None else draft_ep,
-                               threads=draft_threads, allow_fallback=allow_fallback, role="drafter")
-        # the drafter's steps too: on a GPU a 0.5B step costs 0.75-0.79 of a 1.5B one uncaptured (kernel
-        # launches, docs/gpu.md); its proposals are only ever verified, so a capture can never cost a token
-        draft_capture = capture and resolve_providers(drafter_request["ep"])[0][0] == EP_ALIASES["cuda"]
-        if draft_capture:
-            drafter_request["ep"] = with_graph_capture(drafter_request["ep"])
+                               threads=draft_threads, allow_fallback=allow_fallback, role="drafter",
+                               graph_capture=capture)
     # The drafter's session waits for its first forward (kv.DeferredRunner) on the CPU EP; other EPs build
     # it now, so that an EP that fails to load says so here. Built now, a pair's two sessions are built at
     # the same time (create_sessions), and the text side is made ready meanwhile.
     defer = bool(drafter_request) and defer_drafter and is_cpu_only(drafter_request["ep"])
-    made = requests + ([drafter_request] if drafter_request and not defer else [])
-    try:
-        sessions = create_sessions(made, beside=lambda: _prepare_text(bundle))
-    except Exception as exc:
-        if not (capture and capture_refused(exc)):
-            raise
-        warnings.warn(f"ONNX Runtime will not capture these graphs' steps as CUDA graphs ({str(exc)[:240]}); "
-                      "they run uncaptured", RuntimeWarning, stacklevel=3)
-        target_request["ep"] = ep
-        if drafter_request is not None:
-            drafter_request["ep"] = ep if draft_ep is None else draft_ep
-        capture = draft_capture = False
-        static = session["cuda_graph"] == "static"
-        sessions = create_sessions(made, beside=lambda: _prepare_text(bundle))
+    sessions = create_sessions(requests + ([drafter_request] if drafter_request and not defer else []),
+                               beside=lambda: _prepare_text(bundle))
     target_session, target_info = sessions.pop(0)
     prefill = sessions.pop(0)[0] if prefill_now else None
     later = (lambda: create_session(**prefill_request)[0]) if prefill_request and not prefill_now else None
@@ -83,18 +65,17 @@ def build_shared(bundle, plan, ep, threads: int | None, session: dict, with_draf
     width = plan.step_tokens if is_cpu_only(ep) or plan.step_tokens >= 2 else None
     target = ModelRunner(target_session, "target", bundle.target.max_position, prefill_session=prefill,
                          prefill_factory=later, prefill_from=prefill_from, remember_chunks=verdict, min_tokens=width,
-                         static_length=STATIC_LENGTH if static else None)
+                         static_length=STATIC_LENGTH if fixed_buffers or captures(target_session) else None)
     check_runner(bundle, target, bundle.target.info, bundle.target.vocab_size, "target")
     if prefill is not None:
         target.check_prefill_chunks()
     drafter = text_context = None
     if with_drafter:
-        draft_static = draft_capture or session["cuda_graph"] == "static"
         if defer:
-            drafter = DeferredRunner(lambda: drafter_runner(bundle, create_session(**drafter_request), draft_static),
+            drafter = DeferredRunner(lambda: drafter_runner(bundle, create_session(**drafter_request), fixed_buffers),
                                      bundle.drafter.max_position, [CPU])
         else:
-            drafter = drafter_runner(bundle, sessions[0], draft_static)
+            drafter = drafter_runner(bundle, sessions[0], fixed_buffers)
         text_context = drafter_context(bundle)          # token tables: built once per decoder
     return Shared(bundle, target, drafter, text_context, target_info, store_mb)
 
@@ -109,13 +90,13 @@ def check_runner(bundle, runner: ModelRunner, info: dict, width: int, role: str)
                           f"manifest says {layers} layers")
 
 
-def drafter_runner(bundle, made: tuple, static: bool = False) -> ModelRunner:
+def drafter_runner(bundle, made: tuple, fixed_buffers: bool = False) -> ModelRunner:
     """The drafter's runner over a created (session, SessionInfo), checked against the bundle (its
-    `index_map` and `draft_ids` outputs against vocab/). `static`: its steps from fixed buffers, captured
-    where the session was made to (runtime/engine/kv_static.py)."""
+    `index_map` and `draft_ids` outputs against vocab/). Its steps run from fixed buffers where the
+    session captures CUDA graphs or `fixed_buffers` asks (runtime/engine/kv_static.py)."""
     session, info = made
     runner = ModelRunner(session, "drafter", bundle.drafter.max_position, exact=False,
-                         static_length=STATIC_LENGTH if static else None)
+                         static_length=STATIC_LENGTH if fixed_buffers or captures(session) else None)
     runner.session_info = info
     check_runner(bundle, runner, bundle.drafter.info, bundle.kept, "drafter")
     names = [n for n in ("index_map", "draft_ids") if n in runner.extra_outputs]

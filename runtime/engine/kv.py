@@ -126,14 +126,15 @@ class ModelRunner:
 
     def use_layout(self, shared: bool) -> None:
         """Hold the cache in the shared layout (buffers on `device`) or the copy layout, empty."""
+        capture = captures(self.session)
         if shared and self.static_length:
             self.kv: CopyLayout | SharedLayout = StaticLayout(self.graph, self.session, self.device, self.max_position,
-                                                              self.static_length, capture=captures(self.session))
+                                                              self.static_length, capture=capture)
         elif shared:
             self.kv = self.shared_layout(self.graph, self.session, self.device, self.max_position)
         else:
             self.kv = self.copy_layout(self.graph)
-        if captures(self.session) and not isinstance(self.kv, StaticLayout):
+        if capture and not isinstance(self.kv, StaticLayout):
             self.kv.plain_run = run_options(-1)       # a session that captures runs uncaptured only when told
         if self.prefill.session is not None:       # both graphs read and write the same cache
             self.kv.attach(self.prefill.session)
@@ -191,20 +192,17 @@ class ModelRunner:
         graph_ids = greedy and not on_prefill and self.graph_argmax
         t0 = time.perf_counter()
         out = self.kv.run(session, input_ids, rows, pad_rows, ids=graph_ids)
-        picked, sums = out if graph_ids else (None, None)
-        logits = None if graph_ids else out
+        # (the graph's ids, its row sums) or (logits, logits): the second is what NaN and inf show in
+        picked, checked = out if graph_ids else (out, out)
         if last is not None:
-            picked, sums, logits = (None if a is None else a[-last:] for a in (picked, sums, logits))
+            picked, checked = picked[-last:], checked[-last:]
         self.counts.add((time.perf_counter() - t0) * 1e3, s)
         if on_prefill:
             self.prefill.ran(past, self.length)
-        # one float32 reduction (~0.1 ms at 150k x 5; the graph's own where it picked): NaN and inf propagate
-        if not np.isfinite(sums.sum() if graph_ids else logits.sum()):
+        if not np.isfinite(checked.sum()):   # one float32 reduction (~0.1 ms at 150k x 5): NaN and inf propagate
             raise GenerationError(f"the {self.role} graph returned NaN or inf logits (a corrupt or mismatched "
                                   "model file, or an EP numerics problem); no text was produced from them")
-        if greedy:
-            return picked if graph_ids else np.argmax(logits, axis=-1)
-        return logits
+        return np.argmax(picked, axis=-1) if greedy and not graph_ids else picked
 
     def run_extra(self, names: Sequence[str]) -> list[np.ndarray]:
         """Run a 1-token forward on a fresh cache just to read constant outputs (e.g. the drafter's

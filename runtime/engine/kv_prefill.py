@@ -9,7 +9,7 @@ import time
 import warnings
 from typing import Callable
 
-from edgespec.errors import BundleError
+from edgespec.errors import BundleError, first_line
 from edgespec.runtime.engine.kv_graph import PAD_ROWS_KEY, graph_io, graph_meta
 
 # Forwards this long or longer run on the prefill graph where there is one. The int4 1.5B, 2-core Xeon,
@@ -72,7 +72,7 @@ class PrefillGraph:
         try:
             runner.attach_prefill_graph(make())
         except Exception as exc:     # noqa: BLE001 - ORT raises its own types; the decoder goes on without it
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc)
             warnings.warn(f"the {self.role} prefill graph could not be built ({first}); long prompts run on the "
                           "graph", RuntimeWarning, stacklevel=4)
             return (time.perf_counter() - t0) * 1e3

@@ -19,11 +19,6 @@ CAPACITY_STEP = 256
 KEPT_LOGITS_ROWS = 16      # a logits buffer up to this many rows is kept for the next forward; a prefill's is not
 
 
-def has_greedy_ids(session) -> bool:
-    """Whether `session`'s graph computes the greedy ids (a prefill graph of an older bundle may not)."""
-    return any(o.name == NEXT_IDS for o in session.get_outputs())
-
-
 class SharedLayout:
     """A KV cache in buffers that attention writes in place, on `device` ("cpu" or an EP's device name),
     at most `max_position` positions long where that is known."""
@@ -39,7 +34,7 @@ class SharedLayout:
         self.mask = np.ones((1, 0), dtype=np.int64)
         self.bindings = {session: None}     # session -> its IOBinding of the buffers (made at the first growth)
         self.logits = np.empty((1, 0, 0), graph.logits_dtype)
-        self.greedy_heads: dict = {}      # session -> whether its graph has the greedy ids outputs
+        self.session = session            # the graph's own session (an attached prefill graph's is another)
         self.plain_run = None             # RunOptions of an uncaptured run (kv_static.py), None: ORT's defaults
 
     def reset(self) -> None:
@@ -114,9 +109,7 @@ class SharedLayout:
             session.run_with_iobinding(io, self.plain_run)
             self.length += s
             return picked[0], sums[0]
-        if self.greedy_heads.get(session) is None:
-            self.greedy_heads[session] = has_greedy_ids(session)
-        if self.greedy_heads[session]:
+        if self.graph.has_greedy_ids and session is self.session:     # where an ids run bound them
             io.bind_output(NEXT_IDS, self.device)
             io.bind_output(LOGITS_SUM, self.device)
         if rows > KEPT_LOGITS_ROWS or self.logits.shape[1] < rows:

@@ -14,7 +14,7 @@ onnxruntime-genai does:
   the device), and `total_sequence_length` (its shape) never changes;
 - each step width k (1..MAX_WIDTH) has its own input ids, `logits_to_keep` (0: every row) and output
   buffers (logits, and the graph's greedy ids and row sums: export/greedy_ids.py), bound once, and its
-  own captured graph, selected with the run option `gpu_graph_id` (`graph_base` + k). ORT keeps a captured graph under its
+  own captured graph, selected with the run option `gpu_graph_id`. ORT keeps a captured graph under its
   id for the session's life, and replays it whatever is bound at the time, so each layout's buffers get
   ids of their own (`graph_base` + k, unique in the process): a layout made again (the load's probes
   make several) never replays a graph that writes into another's buffers.
@@ -35,13 +35,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgespec.errors import first_line
 from edgespec.runtime.engine.kv_graph import LOGITS_SUM, LOGITS_TO_KEEP, NEXT_IDS, GraphSignature, as_float32
-from edgespec.runtime.engine.kv_shared import SharedLayout, has_greedy_ids
+from edgespec.runtime.engine.kv_shared import SharedLayout
 
 MAX_WIDTH = 16              # widest captured step (a gamma-8 verify is 9; forced grammar tokens reach 17)
 STATIC_LENGTH = 4096        # positions a static cache holds before it grows (a 1.5B Qwen's: 115 MB in fp16)
 GRAPH_ID = "gpu_graph_id"   # ORT's run option selecting a captured graph (-1: run uncaptured)
-_GRAPH_BASES = itertools.count(1)        # one per StaticLayout: its graphs' ids are base * (MAX_WIDTH + 1) + k
+_GRAPH_BASES = itertools.count(1)        # new_graph_base
 
 
 @dataclass
@@ -57,18 +58,17 @@ class StepBuffers:
 
 class StaticLayout(SharedLayout):
     """A shared KV cache whose steps run from fixed buffers (module docstring). `capture`: the session was
-    made with CUDA graphs enabled, so every run names a graph (k) or none (-1)."""
+    made with CUDA graphs enabled, so every run names a graph (`graph_base` + k) or none (-1)."""
 
     def __init__(self, graph: GraphSignature, session, device: str = "cpu", max_position: int | None = None,
                  length: int = STATIC_LENGTH, capture: bool = False):
         super().__init__(graph, session, device, max_position)
-        self.session = session
         self.static_length = max(1, min(int(length), max_position or int(length)))
         self.capture = capture
         self.static = True              # False once a context outgrew static_length (nothing is replayed after)
         self.steps: dict[int, StepBuffers] = {}
         self.checked: set[int] = set()      # widths whose captured step was compared with the uncaptured one
-        self.graph_base = next(_GRAPH_BASES) * (MAX_WIDTH + 1)
+        self.graph_base = new_graph_base()
         self.mask_host = np.zeros((1, 0), np.int64)
         self.mask_value = None
         if capture:
@@ -86,7 +86,7 @@ class StaticLayout(SharedLayout):
         super().reset()
         if not self.static and self.capacity:
             self.static, self.capacity, self.steps, self.checked = True, 0, {}, set()
-            self.graph_base = next(_GRAPH_BASES) * (MAX_WIDTH + 1)
+            self.graph_base = new_graph_base()
 
     def grow(self, needed: int, exact: bool = False) -> None:
         first = not self.capacity
@@ -122,7 +122,7 @@ class StaticLayout(SharedLayout):
         logits = ort.OrtValue.ortvalue_from_shape_and_type([1, k, g.vocab], g.logits_dtype, dev, 0)
         io.bind_ortvalue_output("logits", logits)
         next_ids = sums = None
-        if has_greedy_ids(session):
+        if g.has_greedy_ids:
             next_ids = ort.OrtValue.ortvalue_from_shape_and_type([1, k], np.int64, dev, 0)
             sums = ort.OrtValue.ortvalue_from_shape_and_type([1, k], np.float32, dev, 0)
             io.bind_ortvalue_output(NEXT_IDS, next_ids)
@@ -160,7 +160,7 @@ class StaticLayout(SharedLayout):
                 why = None if all(np.array_equal(a, b) for a, b in zip(self.outputs(step, ids), want)) else \
                     "gave other bits than the same step uncaptured"
             except Exception as exc:  # noqa: BLE001 - ORT's own types; the uncaptured result stands
-                why = f"could not be captured ({str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__})"
+                why = f"could not be captured ({first_line(exc)[:160]})"
             if why:
                 print(f"edgespec: a captured {s}-token step (CUDA graph) {why}; this runner's steps run "
                       "uncaptured from now on", file=sys.stderr)
@@ -178,6 +178,11 @@ class StaticLayout(SharedLayout):
         if ids:
             return step.next_ids.numpy()[0], step.sums.numpy()[0]
         return (as_float32(step.logits.numpy()[0]),)
+
+
+def new_graph_base() -> int:
+    """Graph ids no layout in this process has used: base + k for k = 1..MAX_WIDTH (module docstring)."""
+    return next(_GRAPH_BASES) * (MAX_WIDTH + 1)
 
 
 def run_options(graph_id: int):

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from edgespec.errors import BundleError, EPError, GenerationError
+from edgespec.errors import BundleError, EPError, GenerationError, first_line
 from edgespec.runtime.engine.kv import AUTO_PREFILL_GRAPH_TOKENS, PREFILL_GRAPH_TOKENS
 from edgespec.runtime.engine.placement import RECORD_KEY
 
@@ -212,8 +212,19 @@ class SessionInfo:
 
 
 def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu", threads: int | None = None,
-                   allow_fallback: bool = False, role: str = "model", stop_spinning: bool = True):
-    """(InferenceSession, SessionInfo). Raises EPError if the requested EP is not active (unless allow_fallback)."""
+                   allow_fallback: bool = False, role: str = "model", stop_spinning: bool = True,
+                   graph_capture: bool = False):
+    """(InferenceSession, SessionInfo). Raises EPError if the requested EP is not active (unless allow_fallback).
+    graph_capture: on the CUDA EP, with CUDA graphs enabled (runtime/engine/kv_static.py); where ONNX
+    Runtime refuses to capture the graph, one line quotes its reason and the session is made without."""
+    if graph_capture and resolve_providers(ep)[0][0] == EP_ALIASES["cuda"]:
+        try:
+            return create_session(model_path, with_graph_capture(ep), threads, allow_fallback, role, stop_spinning)
+        except EPError as exc:
+            if not capture_refused(exc):
+                raise
+            warnings.warn(f"{role}: ONNX Runtime will not capture this graph's steps as CUDA graphs ({exc}); they "
+                          "run uncaptured", RuntimeWarning, stacklevel=2)
     ort = _ort()
     providers = resolve_providers(ep)
     names = [n for n, _ in providers]
@@ -234,7 +245,7 @@ def create_session(model_path: str | Path, ep: str | Sequence[Any] | None = "cpu
         with contextlib.redirect_stdout(io.StringIO()) if not only_cpu else contextlib.nullcontext():
             sess = ort.InferenceSession(str(model_path), sess_options=so, providers=run_with)
     except Exception as exc:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        first = first_line(exc)[:200]
         if "provider" in str(exc).lower() or not only_cpu:
             raise EPError(f"{role}: could not create a session with {names}: {first}") from exc
         raise BundleError(f"{role}: ONNX Runtime cannot load {model_path}: {first}") from exc

@@ -229,7 +229,7 @@ def probe_graph(runner, ids: list[int], slower_than_ms: float | None = None) -> 
                                  "it would replace: not measured further")
     one = np.stack(singles)
     wide, cost, repeats = {}, [step] + [float("inf")] * (tail - 1), True
-    if getattr(runner.kv, "capture", False):          # a width's first captured step is checked and captured
+    if runner.captures:                               # a width's first captured step is checked and captured
         for k in range(2, tail + 1):                  # (kv_static.py): not a cost, so not timed
             runner.crop(PREFIX)
             runner.forward(ids[PREFIX:PREFIX + k], pad=False)
@@ -252,21 +252,6 @@ def probe_graph(runner, ids: list[int], slower_than_ms: float | None = None) -> 
                         note="" if repeats else "a forward repeated on the same input gave other logits here")
 
 
-def _profile_session(path, ep, threads: int, role: str):
-    """A session of its own for the profile: on the CUDA EP with CUDA graphs, as a decoder's default
-    (`cuda_graph` "auto") runs its steps, unless ORT refuses to capture the graph."""
-    from edgespec.runtime.engine.sessions import EP_ALIASES, capture_refused, create_session, resolve_providers, \
-        with_graph_capture
-
-    if resolve_providers(ep)[0][0] == EP_ALIASES["cuda"]:
-        try:
-            return create_session(path, with_graph_capture(ep), threads=threads, role=role)[0]
-        except Exception as exc:  # noqa: BLE001 - ORT's types; a refusal is measured uncaptured
-            if not capture_refused(exc):
-                raise
-    return create_session(path, ep, threads=threads, role=role)[0]
-
-
 def measure_profile(bundle, threads: int | None, sessions: dict | None = None, drafter_session=None,
                     ep="cpu") -> DeviceProfile:
     """Measure this machine's profile of `bundle` on `ep` (module docstring; on another EP than the CPU's the
@@ -275,7 +260,7 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
     graphs and counts get sessions of their own, freed after."""
     from edgespec.runtime.engine.kv import ModelRunner
     from edgespec.runtime.engine.kv_static import STATIC_LENGTH, captures
-    from edgespec.runtime.engine.sessions import allowed_cores, is_cpu_only, resolve_threads
+    from edgespec.runtime.engine.sessions import allowed_cores, create_session, is_cpu_only, resolve_threads
 
     t0, cpu0 = time.perf_counter(), cpu_seconds()
     built = {(Path(p), session_threads(s)): s for p, s in (sessions or {}).items()}
@@ -294,7 +279,8 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
     def runner_at(path, n: int, role: str):
         sess = built.get((Path(path), n))
         if sess is None:
-            sess = built[(Path(path), n)] = _profile_session(path, ep, n, role)
+            # with CUDA graphs on the CUDA EP, as a decoder's default (`cuda_graph` "auto") runs its steps
+            sess = built[(Path(path), n)] = create_session(path, ep, threads=n, role=role, graph_capture=True)[0]
         side = "target" if role == "target" else "drafter"
         # a session that captures CUDA graphs (the decoder's target on CUDA) is measured as it runs: captured
         return ModelRunner(sess, side, (bundle.target if side == "target" else bundle.drafter).max_position,
