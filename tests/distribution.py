@@ -31,6 +31,8 @@ from edgespec.runtime.samplers.sampling import SamplingParams, probabilities, sa
 from edgespec.runtime.engine.sessions import create_session
 
 ALPHA = 1e-3
+# seeded generations sample coupled (runtime/samplers/coupled.py); tests of rejection sampling ask for it
+REJECTION = {"coupled_sampling": False}
 MIN_EXPECTED = 5.0
 MIN_BRANCH_PROB = 1e-9
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
+from distribution import ALPHA, REJECTION, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
 from edgespec.errors import GenerationError
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime.round import ngram
@@ -64,9 +64,9 @@ LOOKUP_PROMPT = list(range(20, 500))
 
 
 @pytest.mark.parametrize("cfg, prompt", [
-    (dict(strategy="ngram", draft_length=4, options={"ngram_max_n": 1}), LOOKUP_PROMPT),
-    (dict(strategy="ngram-tli", draft_length=4, options={"ngram_max_n": 1}), LOOKUP_PROMPT),  # lookup, then the drafter
-    (dict(strategy="tli", draft_length="auto", options={"draft_confidence": 0.3}), None),
+    (dict(strategy="ngram", draft_length=4, options={"ngram_max_n": 1, **REJECTION}), LOOKUP_PROMPT),
+    (dict(strategy="ngram-tli", draft_length=4, options={"ngram_max_n": 1, **REJECTION}), LOOKUP_PROMPT),  # lookup, then the drafter
+    (dict(strategy="tli", draft_length="auto", options={"draft_confidence": 0.3, **REJECTION}), None),
 ])
 def test_samples_the_target_distribution(tiny_self_bundle, cfg, prompt):
     b = Bundle.load(tiny_self_bundle)
@@ -90,7 +90,8 @@ def test_broken_verifier_fails_with_prompt_lookup(tiny_self_bundle, monkeypatch,
     b = Bundle.load(tiny_self_bundle)
     # a fixed draft length: with "auto" the governor may time drafting out, and a control that never
     # drafts cannot fail
-    dec = SpeculativeDecoder(b, strategy=strategy, draft_length=4, threads=1, options={"ngram_max_n": 1})
+    dec = SpeculativeDecoder(b, strategy=strategy, draft_length=4, threads=1,
+                             options={"ngram_max_n": 1, **REJECTION})
     samples = sample_tokens(dec, LOOKUP_PROMPT, 2000, 0, SamplingParams(temperature=1.0))
     pvals = check_lossless(dec, b, LOOKUP_PROMPT, samples=samples)
     assert min(pvals["x2"], pvals["x3|x1x2"]) < ALPHA, pvals

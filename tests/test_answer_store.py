@@ -10,7 +10,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from distribution import ALPHA, check_lossless, sample_tokens, verify_without_residual  # tests/ on sys.path
+from distribution import ALPHA, REJECTION, check_lossless, sample_tokens, verify_without_residual  # tests/ on sys.path
 from edgespec.errors import GenerationError
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime.round import rounds as rounds_module
@@ -246,7 +246,7 @@ PARAMS = SamplingParams(temperature=0.5)     # peaked enough that a broken verif
 def _sampled(self_bundle, monkeypatch, verifier=None):
     """Samples of 4 tokens from an ngram decoder whose store holds earlier samples of the same prompt
     (so from the second run on, most rounds draft the store's continuation of prompt + x1)."""
-    dec = SpeculativeDecoder(self_bundle, strategy="ngram", draft_length=2, threads=1)
+    dec = SpeculativeDecoder(self_bundle, strategy="ngram", draft_length=2, threads=1, options=REJECTION)
     if verifier is not None:
         monkeypatch.setattr(rounds_module, "verify_sampled", verifier)
     ids = dec.encode_prompt(PROMPT)

@@ -7,7 +7,7 @@ per p-value (false-failure rate <= 3e-3 per decoder; deterministic for the fixed
 import numpy as np
 import pytest
 
-from distribution import ALPHA, check_lossless, sample_tokens, verify_without_residual  # tests/ is on sys.path (conftest.py)
+from distribution import ALPHA, REJECTION, check_lossless, sample_tokens, verify_without_residual  # tests/ is on sys.path (conftest.py)
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime.round import rounds as rounds_module
 from edgespec.runtime.samplers.sampling import SamplingParams
@@ -26,7 +26,7 @@ def _ids(bundle):
 ])
 def test_tli_samples_the_target_distribution(request, which, params):
     b = Bundle.load(request.getfixturevalue(f"tiny_{which}_bundle"))
-    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, options=REJECTION)
     pvals = check_lossless(dec, b, _ids(b), n=N, seed=0, **params)
     assert set(pvals) == {"x1", "x2", "x3|x1x2"}
     assert min(pvals.values()) > ALPHA, pvals
@@ -35,7 +35,7 @@ def test_tli_samples_the_target_distribution(request, which, params):
 def test_broken_verifier_fails_the_same_test(tiny_self_bundle, monkeypatch):
     monkeypatch.setattr(rounds_module, "verify_sampled", verify_without_residual)
     b = Bundle.load(tiny_self_bundle)
-    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, options=REJECTION)
     samples = sample_tokens(dec, _ids(b), N, 0, SamplingParams(temperature=1.0))
     pvals = check_lossless(dec, b, _ids(b), samples=samples)
     assert pvals["x2"] < ALPHA and pvals["x3|x1x2"] < ALPHA, pvals

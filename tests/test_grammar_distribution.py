@@ -9,7 +9,7 @@ were drawn from the drafter's q restricted to the grammar (rounds.draft_tokens, 
 import numpy as np
 import pytest
 
-from distribution import ALPHA, TargetOracle, check_lossless, sample_tokens  # tests/ is on sys.path
+from distribution import ALPHA, REJECTION, TargetOracle, check_lossless, sample_tokens  # tests/ is on sys.path
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime.api import generation as generation_module
 from edgespec.runtime.samplers.grammar import GrammarTokenizer, constraint_from, mask_logits
@@ -44,7 +44,7 @@ class ConstrainedOracle(TargetOracle):
 
 def _setup(bundle_path, params):
     b = Bundle.load(bundle_path)
-    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, options=REJECTION)
     return b, dec, b.target.tokenizer.encode(PROMPT).ids, ConstrainedOracle(b, params, **CONSTRAINT)
 
 

@@ -5,7 +5,7 @@ off wherever there is no pad to fill. Tiny int4 bundle (min_forward_tokens 2).""
 import numpy as np
 import pytest
 
-from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
+from distribution import ALPHA, REJECTION, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
 from edgespec.errors import GenerationError
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime.round import governor as governor_module
@@ -27,7 +27,7 @@ def int4(tiny_int4_bundle):
     b = Bundle.load(tiny_int4_bundle)
     # the prompt's guesses alone, none from earlier answers (answer_store.py)
     dec = SpeculativeDecoder(b, strategy="tli", draft_length="auto", threads=1,
-                             options={"defer_drafter": False, "answer_store_mb": 0})
+                             options={"defer_drafter": False, "answer_store_mb": 0, **REJECTION})
     assert dec.target.min_tokens == 2, "the tiny int4 target must pad 1-token steps for these tests"
     return b, dec
 

@@ -140,12 +140,12 @@ def test_sampling_with_the_prefill_graph_keeps_the_target_distribution(int4_bund
     from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
     from edgespec.runtime.round import rounds as rounds_module
     from edgespec.runtime.samplers.sampling import SamplingParams
-    from distribution import verify_without_residual
+    from distribution import REJECTION, verify_without_residual
 
     b = Bundle.load(int4_bundle)
     ids = b.target.tokenizer.encode(LONG).ids
     dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, prefill_graph=True,
-                             options={"prefix_reuse": False})
+                             options={"prefix_reuse": False, **REJECTION})
     dec.generate(ids, max_new_tokens=2, temperature=1.0, seed=0)
     assert dec.last_result.stats.prefill_ms > 0 and dec.target.prefill_session is not None
     pvals = check_lossless(dec, b, ids, n=1500, seed=0, prefill_graph=True)

@@ -94,7 +94,7 @@ def test_broken_residual_fails_the_same_check():
 
 # --------------------------------------------------------------------------- through the decode loop
 
-from distribution import ALPHA, check_lossless, sample_tokens  # noqa: E402  (tests/ is on sys.path)
+from distribution import ALPHA, REJECTION, check_lossless, sample_tokens  # noqa: E402  (tests/ is on sys.path)
 from edgespec.errors import GenerationError  # noqa: E402
 from edgespec.runtime import Bundle, SpeculativeDecoder  # noqa: E402
 from edgespec.runtime.samplers import verify as verify_module  # noqa: E402
@@ -107,7 +107,7 @@ PROMPT = "The quick brown"
 def test_samples_the_target_distribution(tiny_self_bundle, a, concurrent):
     b = Bundle.load(tiny_self_bundle)
     dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, draft_probability=a,
-                             options={"concurrent_draft": concurrent})
+                             options={"concurrent_draft": concurrent, **REJECTION})
     pvals = check_lossless(dec, b, b.target.tokenizer.encode(PROMPT).ids, n=2000, seed=0)
     assert min(pvals.values()) > ALPHA, pvals
 
@@ -116,7 +116,8 @@ def test_emitting_from_p_instead_of_the_residual_fails_the_same_test(tiny_self_b
     """Negative control: no-draft and rejected positions emit from p instead of norm(max(p - a q, 0))."""
     monkeypatch.setattr(verify_module, "residual", lambda p, q, a=1.0, out=None: p.copy())
     b = Bundle.load(tiny_self_bundle)
-    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, draft_probability=0.7)
+    dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, draft_probability=0.7,
+                             options=REJECTION)
     ids = b.target.tokenizer.encode(PROMPT).ids
     pvals = check_lossless(dec, b, ids, samples=sample_tokens(dec, ids, 2000, 0, SamplingParams(temperature=1.0)))
     assert min(pvals["x2"], pvals["x3|x1x2"]) < ALPHA, pvals
@@ -126,7 +127,8 @@ def test_drafts_less_and_accepts_more(tiny_self_bundle):
     b = Bundle.load(tiny_self_bundle)
     rates = {}
     for a in (None, 0.5):
-        dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, draft_probability=a)
+        dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, threads=1, draft_probability=a,
+                                 options=REJECTION)
         st = [dec.generate(PROMPT, max_new_tokens=24, temperature=1.0, seed=s).stats for s in range(20)]
         rates[a] = (sum(x.accepted for x in st) / sum(x.drafted for x in st), sum(x.drafted for x in st))
     assert rates[0.5][0] > rates[None][0] and rates[0.5][1] < rates[None][1], rates

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distribution import ALPHA, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
+from distribution import ALPHA, REJECTION, check_lossless, sample_tokens  # tests/ is on sys.path (conftest.py)
 from edgespec.runtime import Bundle, SpeculativeDecoder
 from edgespec.runtime.round import rounds as rounds_module
 from edgespec.runtime.round import slrs
@@ -63,7 +63,7 @@ def test_greedy_output_equals_ar(tiny_hetero_bundle, slrs1):
 
 def test_samples_the_target_distribution(tiny_hetero_bundle, slrs1):
     b = Bundle.load(tiny_hetero_bundle)
-    dec = SpeculativeDecoder(b, strategy="slrs1", draft_length=4, threads=1)
+    dec = SpeculativeDecoder(b, strategy="slrs1", draft_length=4, threads=1, options=REJECTION)
     pvals = check_lossless(dec, b, b.target.tokenizer.encode(PROMPT).ids, n=2000, seed=0)
     assert min(pvals.values()) > ALPHA, pvals
 
@@ -77,7 +77,7 @@ def test_a_broken_verifier_fails_the_same_check(tiny_hetero_bundle, slrs1, monke
     every psi_1 draft."""
     monkeypatch.setattr(rounds_module, "verify_sampled", _accept_everything)
     b = Bundle.load(tiny_hetero_bundle)
-    dec = SpeculativeDecoder(b, strategy="slrs1", draft_length=4, threads=1)
+    dec = SpeculativeDecoder(b, strategy="slrs1", draft_length=4, threads=1, options=REJECTION)
     ids = b.target.tokenizer.encode(PROMPT).ids
     samples = sample_tokens(dec, ids, 2000, 0, SamplingParams(temperature=1.0))
     pvals = check_lossless(dec, b, ids, samples=samples)

@@ -48,6 +48,7 @@ class DecodeConfig:
     plain_steps: str = "exact"                    # checks.check_plain_steps
     prefix_reuse: bool = True                     # prefix.py
     plain_guess: bool = True                      # a plain step may carry a lookup guess (rounds.plain_step)
+    coupled_sampling: bool | str = "auto"         # COUPLED_SAMPLING_SETTINGS; samplers/coupled.py
     options: Mapping = field(default_factory=dict)        # strategy options (Strategy.options)
 
     def __post_init__(self):
@@ -60,6 +61,8 @@ class DecodeConfig:
         check_flag("prefix_reuse", self.prefix_reuse)
         check_flag("plain_guess", self.plain_guess)
         check_flag("concurrent_draft", self.concurrent_draft)
+        if not (self.coupled_sampling == "auto" or isinstance(self.coupled_sampling, (bool, np.bool_))):
+            raise GenerationError(f"coupled_sampling must be 'auto', True or False, got {self.coupled_sampling!r}")
         c = self.draft_confidence
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c < 1.0):
             raise GenerationError(f"draft_confidence must be in (0, 1) or None, got {c!r}")
@@ -79,6 +82,14 @@ class DecodeConfig:
         if not self.strategy.speculative:
             return 0
         return self.max_draft_length if self.draft_length == "auto" else int(self.draft_length)
+
+    def couples(self, seed: int | None, greedy: bool) -> bool:
+        """Whether a sampled generation with this seed samples coupled (samplers/coupled.py): "auto" where a
+        seed is given (the seed then pins the tokens), True always (unseeded: a fresh seed), False never
+        (rejection sampling, whose output depends on the drafts)."""
+        if greedy:
+            return False
+        return seed is not None if self.coupled_sampling == "auto" else bool(self.coupled_sampling)
 
     @property
     def auto_length(self) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import secrets
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,6 +38,7 @@ from edgespec.runtime.round.randomised import draft_randomised
 from edgespec.runtime.planning.records import step_plan
 from edgespec.runtime.api.shared import Setup
 from edgespec.runtime.api.generation import Generation
+from edgespec.runtime.samplers.coupled import RaceNoise
 from edgespec.runtime.samplers.sampling import make_rng
 from edgespec.runtime.api.stats import GenerationStats
 from edgespec.runtime.round.strategies import choose_auto, for_bundle, get_strategy
@@ -127,11 +129,13 @@ class SpeculativeDecoder:
         self.close()
 
     # ------------------------------------------------------------------ checks
-    def _resolved(self, plan, greedy: bool) -> "SpeculativeDecoder":
-        """This decoder, or for strategy="auto" the variant it stands for under `plan` in this sampling mode."""
+    def _resolved(self, plan, greedy: bool, exact_plain: bool = False) -> "SpeculativeDecoder":
+        """This decoder, or for strategy="auto" the variant it stands for under `plan` in this sampling mode.
+        `exact_plain`: plain steps stay exact even where the plan would run 1-token steps (a seeded
+        generation's tokens must not depend on whether it speculated)."""
         if self.strategy.name != "auto":
             return self
-        fast = plan.plain_steps == "fast"
+        fast = plan.plain_steps == "fast" and not exact_plain
         name = choose_auto(self.bundle, greedy, randomised=self.config.draft_probability is not None,
                            drafter=plan.drafter, exact=plan.gamma_max > 0, fast_plain=fast)
         key = (name, fast and name == "ar")
@@ -232,14 +236,19 @@ class SpeculativeDecoder:
             raise GenerationError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                                   f"target's context length {limit}")
         plan = self.planning.current()
-        dec = self._resolved(plan, params.greedy)
+        coupled = self.config.couples(seed, params.greedy)
+        dec = self._resolved(plan, params.greedy, exact_plain=coupled)
         step = step_plan(plan, dec.config, self.target.min_tokens, auto=self.strategy.name == "auto",
                          verify_ms=self.planning.verify_costs())
         # randomised drafting's no-draft rows are not masked by a grammar: constrained, it drafts as TLI
-        randomised = dec.config.draft_probability is not None and not params.greedy and grammar is None
+        # coupled, a draft is kept exactly when it is the target's own pick: randomised drafting's coins change
+        # nothing there, so it drafts as TLI
+        randomised = dec.config.draft_probability is not None and not params.greedy and grammar is None and not coupled
+        if coupled and seed is None:
+            seed = secrets.randbits(63)
         gen = Generation(self.shared, dec.setup, step, prompt_ids, params, make_rng(seed), int(max_new_tokens), t_start,
                          propose=draft_randomised if randomised else None, grammar=grammar,
-                         jump_forward=bool(jump_forward), scope=draft_scope)
+                         jump_forward=bool(jump_forward), scope=draft_scope, noise=RaceNoise(seed) if coupled else None)
         self.last_generation = gen           # its state, open to inspection (drafter context, grammar)
         text_state = TextState(self.bundle.target.tokenizer, stops)
         reason, finished, kv_ids = "interrupted", False, None

@@ -15,6 +15,7 @@ import numpy as np
 
 from edgespec.errors import GenerationError
 from edgespec.runtime.samplers.answer_store import check_scope
+from edgespec.runtime.samplers.coupled import RaceNoise, race_pick
 from edgespec.runtime.round.context import DrafterContext, DrafterWindow
 from edgespec.runtime.samplers.grammar import GrammarState, mask_distribution, mask_logits, masked_greedy
 from edgespec.runtime.samplers.lookup import DEFAULT_MAX_N, json_string_view
@@ -34,7 +35,7 @@ class Generation:
     def __init__(self, shared, setup, step: StepPlan, prompt_ids: list[int], params: SamplingParams,
                  rng: np.random.Generator, max_new_tokens: int, started: float | None = None,
                  propose: Callable | None = None, grammar: GrammarState | None = None, jump_forward: bool = True,
-                 scope: str | None = None):
+                 scope: str | None = None, noise: RaceNoise | None = None):
         self.draft_scope = check_scope(scope)   # the answer store's partition this call reads and records into
         shared.generation += 1
         self.shared, self.setup = shared, setup
@@ -46,6 +47,7 @@ class Generation:
         self.prompt_ids = prompt_ids
         self.params = params
         self.rng = rng
+        self.noise = noise                   # coupled sampling (coupled.py): a seeded sampled generation's noise
         self.max_new_tokens = max_new_tokens
         self.started = time.perf_counter() if started is None else started     # the call's start (TTFT, total)
         self.target = shared.target
@@ -223,13 +225,21 @@ class Generation:
         return "length" if len(self.generated) >= self.max_new_tokens else None
 
     # -- helpers for strategies
-    def pick(self, logits_row: np.ndarray) -> int:
-        """A token from one row of target logits (argmax, or a draw from p); greedy, the row may be the id
-        the graph picked (verify.greedy_id)."""
+    def pick(self, logits_row: np.ndarray, offset: int = 0) -> int:
+        """The target's token from one row of its logits, the row that predicts output index
+        len(generated) + offset: argmax, or a draw from p (coupled: its race there, coupled.py); greedy, the
+        row may be the id the graph picked (verify.greedy_id)."""
         if self.params.greedy:
             return greedy_id(logits_row)
         p = probabilities(logits_row[None, :], self.params, out=self.p_rows[:1])
-        return sample(p[0], self.rng, self.work[1])
+        return self.draw(p[0], offset)
+
+    def draw(self, probs: np.ndarray, offset: int) -> int:
+        """One draw from a probability row for output index len(generated) + offset: the race over that
+        index's noise when coupled, else inverse CDF from the generation's stream."""
+        if self.noise is not None:
+            return race_pick(probs, self.noise.at(len(self.generated) + offset, probs.shape[0]))
+        return sample(probs, self.rng, self.work[1])
 
     def draft_forward(self) -> np.ndarray:
         """Drafter forward on what its KV lacks; returns the last row of kept-column logits."""

@@ -22,7 +22,8 @@ import numpy as np
 
 from edgespec.runtime.samplers.grammar import mask_logits
 from edgespec.runtime.samplers.lookup import lookup, with_store
-from edgespec.runtime.samplers.sampling import probabilities, sample
+from edgespec.runtime.samplers.coupled import verify_coupled
+from edgespec.runtime.samplers.sampling import probabilities
 from edgespec.runtime.samplers.verify import verify_greedy, verify_sampled
 
 
@@ -127,7 +128,7 @@ def draft_tokens(gen: "Generation", gamma: int) -> Draft:
             x = gen.draft_greedy(row)
         else:
             q = gen.draft_q(row, gen.q_rows[len(draft.tokens)])
-            x = None if q is None else sample(q, gen.rng, gen.work[1])
+            x = None if q is None else gen.draw(q, len(draft.tokens))
         if x is None:                      # the grammar allows none of the drafter's tokens
             break
         draft.tokens.append(x)
@@ -177,12 +178,15 @@ def _top_probability(kept_logits: np.ndarray) -> float:
 
 def accept_tokens(gen: "Generation", logits: np.ndarray, draft: Draft) -> tuple[int, int]:
     """verify.py: greedy (accept while the draft is the target's argmax) or rejection sampling against
-    the draft's q rows (with the randomised rule when a < 1). `logits`: the verify rows, or at
-    temperature 0 their argmax ids (the forward's greedy=True)."""
+    the draft's q rows (with the randomised rule when a < 1); seeded, coupled.py: accept while the draft
+    is the target's own race pick. `logits`: the verify rows, or at temperature 0 their argmax ids (the
+    forward's greedy=True)."""
     d = np.asarray(draft.tokens, dtype=np.int64)
     if gen.params.greedy:
         return verify_greedy(logits, d)
     p = probabilities(logits, gen.params, out=gen.p_rows[:len(d) + 1])
+    if gen.noise is not None:
+        return verify_coupled(p, d, gen.noise, len(gen.generated))
     a = 1.0 if gen.config.draft_probability is None else gen.config.draft_probability
     return verify_sampled(p, draft.q, d, gen.rng, a, draft.terminal, work=gen.work)
 

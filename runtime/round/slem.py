@@ -202,7 +202,7 @@ def accept(gen, logits: np.ndarray, draft: Draft) -> tuple[int, int]:
     target's token at the first mismatch, or its bonus token after a full match)."""
     n_acc = 0
     while True:
-        t = gen.pick(logits[n_acc])
+        t = gen.pick(logits[n_acc], n_acc)
         if n_acc == len(draft.tokens) or t != draft.tokens[n_acc]:
             return n_acc, t
         n_acc += 1
