@@ -1,10 +1,10 @@
 """JSON Lines: one record per non-blank line, with a one-line error naming the file and line."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from edgespec import jsonio
 from edgespec.errors import CalibrationError
 
 
@@ -14,6 +14,6 @@ def jsonl_records(lines: Iterable[str], path: str | Path) -> Iterator[tuple[int,
         if not line.strip():
             continue
         try:
-            yield lineno, json.loads(line)
+            yield lineno, jsonio.loads(line)
         except ValueError as exc:
             raise CalibrationError(f"{path}:{lineno}: not valid JSON ({exc})") from None

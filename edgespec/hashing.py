@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 
+from edgespec import jsonio
 from edgespec.paths import cache_home
 
 _BLOCK = 1 << 22
@@ -55,7 +56,7 @@ def _cache_file() -> Path:
 
 def _read_cache(path: Path) -> dict:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = jsonio.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
@@ -84,22 +85,20 @@ class DigestMemory:
         """Whether the digest of the file as it is now is recorded (sha256 would not read it)."""
         return self._entry(Path(file))[2] is not None
 
-    def remembers(self, file: str | Path) -> bool:
-        """Whether the digest of the file as it is now is recorded (sha256 would not read it)."""
-        return self._entry(Path(file))[2] is not None
-
-    def say_if_slow(self, files, what: str = "files") -> int:
-        """One line on stderr where hashing `files` reads more than NOTICE_BYTES not remembered here (about
-        1 s per GB); returns those bytes."""
-        todo = sum(Path(f).stat().st_size for f in files if not self.remembers(f))
+    def say_if_slow(self, files, what: str = "files", reuse: bool = True) -> int:
+        """One line on stderr where hashing `files` reads more than NOTICE_BYTES (not remembered here, with
+        `reuse`; about 1 s per GB); returns those bytes."""
+        todo = sum(Path(f).stat().st_size for f in files if not (reuse and self.remembers(f)))
         if todo > NOTICE_BYTES:
             print(f"edgespec: checking {todo / 1e9:.1f} GB of {what} (sha256), once per file on this machine",
                   file=sys.stderr, flush=True)
         return todo
 
-    def sha256(self, file: str | Path) -> str:
+    def sha256(self, file: str | Path, reuse: bool = True) -> str:
+        """The file's digest: the remembered one for its identity (with `reuse`), else read and remembered
+        (not if the file changed while it was read; an exception while reading remembers nothing)."""
         key, ident, entry = self._entry(Path(file))
-        if entry is not None:
+        if entry is not None and reuse:
             return entry["sha256"]
         digest = sha256_file(file)
         if _identity(Path(file).stat()) != ident:     # changed while being read: remember nothing

@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from edgespec import jsonio
 from edgespec.calibrate.prompts import prompts_digest
 from edgespec.profiler.errors import BenchError
 from edgespec.profiler.settings import settings_dict
@@ -67,7 +68,7 @@ def read(out: Path, expected: dict) -> list[dict]:
         raise BenchError(f"--resume: {path} does not exist: there is no earlier run to continue in {out}")
     lines = path.read_text(encoding="utf-8").splitlines()
     try:
-        header = json.loads(lines[0]) if lines else {}
+        header = jsonio.loads(lines[0]) if lines else {}
     except json.JSONDecodeError:
         header = {}
     if header.get("format") != FORMAT:
@@ -87,7 +88,7 @@ def read(out: Path, expected: dict) -> list[dict]:
     records = []
     for n, line in enumerate(lines[1:], start=2):
         try:
-            records.append(json.loads(line))
+            records.append(jsonio.loads(line))
         except json.JSONDecodeError:
             if n != len(lines):
                 raise BenchError(f"--resume: {path} line {n} is corrupt (not JSON); it is not the last line, so "

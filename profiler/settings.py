@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edgespec.calibrate.prompts import HUMANEVAL
-from edgespec.runtime.bundle.bundle import COMMAND_VERIFY
+from edgespec.runtime.bundle.bundle import DEFAULT_VERIFY
 from edgespec.runtime.api.checks import DEFAULT_MAX_DRAFT_LENGTH, DEFAULT_MAX_NEW_TOKENS
 
 AUTO = "auto"                     # the draft-length entry that runs a strategy with draft_length="auto"
@@ -64,7 +64,7 @@ class BenchSettings:
     chat: bool = False
     options: dict = field(default_factory=dict)
     bandwidth_mb: int = 256
-    verify: str = COMMAND_VERIFY
+    verify: str = DEFAULT_VERIFY
     progress: bool = True
     resume: bool = False
     peers: bool = False                      # onnxruntime-genai's generator as a row (profiler/peers.py)

@@ -15,7 +15,7 @@ import dataclasses
 import inspect
 import sys
 
-from edgespec.runtime.bundle.bundle import COMMAND_VERIFY, VERIFY_MODES, Bundle
+from edgespec.runtime.bundle.bundle import DEFAULT_VERIFY, VERIFY_MODES, Bundle
 from edgespec.runtime.api.config import PREFILL_GRAPH_SETTINGS, check_decoder_settings
 from edgespec.runtime.api.decoder import SpeculativeDecoder
 from edgespec.runtime.round.strategies import STRATEGIES
@@ -127,8 +127,8 @@ def add_decoder_arguments(p: argparse.ArgumentParser, *, rows: bool = False, dep
                    help="intra-op threads per session (default: the runtime's)")
     p.add_argument("--prefill-graph", choices=list(PREFILL_GRAPH_SETTINGS),
                    default=PREFILL_GRAPH_WORDS[DEFAULTS["prefill_graph"]], help=PREFILL_GRAPH_HELP)
-    p.add_argument("--verify", choices=VERIFY_MODES, default=COMMAND_VERIFY,
-                   help=f"bundle file checks (default {COMMAND_VERIFY})")
+    p.add_argument("--verify", choices=VERIFY_MODES, default=DEFAULT_VERIFY,
+                   help=f"bundle file checks (default {DEFAULT_VERIFY})")
     p.add_argument("--option", type=parse_option, action="append", metavar="KEY=VALUE",
                    help="a tuning knob or strategy option, repeatable (docs/runtime.md, \"Options\")")
     for flag in deprecated:

@@ -25,6 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=GENERATE["temperature"], metavar="T", help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=None, metavar="K")
     p.add_argument("--top-p", type=float, default=None, metavar="P")
+    p.add_argument("--min-p", type=float, default=None, metavar="P",
+                   help="drop tokens below P times the top token's probability (after top-p)")
     p.add_argument("--seed", type=int, default=None, metavar="N")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--chat", action="store_true", help="apply the bundle's chat template")
@@ -34,14 +36,26 @@ def register(subparsers) -> None:
     p.set_defaults(func=_generate)
 
 
+def read_stdin_prompt() -> str:
+    """The prompt from stdin, read as UTF-8 whatever the locale; bytes that are not UTF-8 are refused
+    in one line (docs/runtime.md)."""
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GenerationError(f"the prompt on stdin is not UTF-8 (byte 0x{data[exc.start]:02x} at offset "
+                              f"{exc.start}); edgespec reads text as UTF-8") from None
+
+
 def _generate(args: argparse.Namespace) -> int:
-    check_generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    check_generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop,
+                          args.min_p)
+    prompt = read_stdin_prompt() if args.prompt == "-" else args.prompt
     if not prompt:
         raise GenerationError("empty prompt")
     dec = decoder_from_args(args)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-              seed=args.seed, stop=args.stop, chat=args.chat)
+              min_p=args.min_p, seed=args.seed, stop=args.stop, chat=args.chat)
     if args.stream and not args.json:
         for delta in dec.stream(prompt, **kw):
             sys.stdout.write(delta)

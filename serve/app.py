@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from edgespec import jsonio
 from edgespec.errors import EdgespecError
 from edgespec.serve import protocol, tools
 from edgespec.serve.protocol import APIError
@@ -64,7 +65,7 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
                                code="request_too_large")
             chunks.append(chunk)
         try:
-            return json.loads(b"".join(chunks))
+            return jsonio.loads(b"".join(chunks))
         except (ValueError, UnicodeDecodeError) as exc:
             raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
 
@@ -119,7 +120,7 @@ def build_app(worker: Worker, settings: Settings) -> Starlette:
                 raise APIError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
             n = budget(req, len(ids))
             job = Job(ids, dict(max_new_tokens=n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                                seed=req.seed, stop=req.stop or None, draft_scope=draft_scope(request),
+                                min_p=req.min_p, seed=req.seed, stop=req.stop or None, draft_scope=draft_scope(request),
                                 **(constraint or {})),
                       time.monotonic() + settings.timeout, asyncio.get_running_loop(), deltas=req.stream,
                       guard=guard(req), text_fallback={"grammar": tools.TEXT_ONLY} if calling(req) and

@@ -28,7 +28,7 @@ _DEFAULT_ONLY = {
     "web_search_options": (None,), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
     "service_tier": (None, "auto", "default"),
 }
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options",
            "user", "metadata"}
 # structured output and tools: serve/tools.py
 STRUCTURED_FIELDS = {"response_format", "tools", "tool_choice", "parallel_tool_calls"}
@@ -46,6 +46,7 @@ class Request:
     temperature: float = 1.0          # OpenAI's default
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -108,6 +109,11 @@ def _common(body: dict, model: str, kind: str, prompt) -> Request:
         if not _is_int(k) or k < 0:
             raise _bad(f"'top_k' must be an integer >= 0, got {_short(k)}", "top_k")
         req.top_k = k or None
+    m = body.get("min_p")          # an extension (vLLM and llama.cpp take it too)
+    if m is not None:
+        if not _is_number(m) or not 0.0 <= m <= 1.0:
+            raise _bad(f"'min_p' must be a number in [0, 1], got {_short(m)}", "min_p")
+        req.min_p = float(m) or None
     s = body.get("seed")
     if s is not None:
         if not _is_int(s) or not 0 <= s < 2 ** 63:

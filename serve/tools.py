@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 
+from edgespec import jsonio
 from edgespec.errors import GenerationError
 from edgespec.runtime.bundle.chat import render_chat
 from edgespec.runtime.samplers.grammar import TOOL_CALL_JSON
@@ -153,7 +154,7 @@ def _check_call(c, where: str) -> dict:
     args = f.get("arguments", "{}")
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = jsonio.loads(args) if args.strip() else {}
         except ValueError:
             raise _bad(f"'{where}.function.arguments' is not valid JSON", f"{where}.function.arguments") from None
     if not isinstance(args, dict):

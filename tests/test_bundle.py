@@ -13,7 +13,6 @@ import pytest
 
 from edgespec.errors import BundleError
 from edgespec.runtime import Bundle
-from edgespec.runtime.bundle import bundle as B
 
 
 def test_load_attributes(tiny_same_bundle):
@@ -65,18 +64,55 @@ def test_corrupt_file_detected(tiny_same_bundle, copy_bundle):
     Bundle.load(b, verify="none")  # the caller may opt out of hashing
 
 
-def test_fast_mode_skips_hashing_large_files_but_checks_size(tiny_same_bundle, copy_bundle, monkeypatch):
+def test_fast_mode_catches_same_size_corruption_of_the_weights(tiny_same_bundle, copy_bundle, monkeypatch, tmp_path):
+    """The default verify hashes the graphs' weights too: bits flipped in the middle of a file, its size and
+    mtime put back, are refused in one line, though the unchanged file had been remembered as good."""
+    import edgespec.hashing as H
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(H, "_SETTLED_NS", 0)
     b = copy_bundle(tiny_same_bundle)
-    # the tiny graph counts as "large" here
-    monkeypatch.setattr(B, "FAST_HASH_LIMIT", (b / "target" / "model.onnx").stat().st_size - 1)
-    _flip_byte(b / "target" / "model.onnx")
-    Bundle.load(b, verify="fast")  # same size, not hashed
-    with pytest.raises(BundleError, match="sha256"):
-        Bundle.load(b, verify="full")
-    with open(b / "target" / "model.onnx", "ab") as f:
+    Bundle.load(b)                                     # remembered
+    data = b / "target" / "model.onnx"
+    st = data.stat()
+    time.sleep(0.05)
+    _flip_byte(data, pos=st.st_size // 2)
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert data.stat().st_size == st.st_size
+    with pytest.raises(BundleError, match=r"target/model.onnx is corrupt \(sha256 mismatch\)$"):
+        Bundle.load(b)
+    with open(data, "ab") as f:
         f.write(b"x")
     with pytest.raises(BundleError, match=r"target/model.onnx is corrupt \(size"):
         Bundle.load(b, verify="fast")
+
+
+def test_full_mode_reads_every_file_again(tiny_same_bundle, copy_bundle, monkeypatch, tmp_path):
+    """"full" ignores the digest memory: a file whose bytes changed under unchanged metadata (as media rot
+    would; here the memory is made to hold a wrong digest) is caught by "full", not by "fast"."""
+    import edgespec.hashing as H
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(H, "_SETTLED_NS", 0)
+    b = copy_bundle(tiny_same_bundle)
+    Bundle.load(b)
+    cache = tmp_path / "home" / H.DIGEST_CACHE
+    doc = json.loads(cache.read_text())
+    key = str((b / "drafter" / "model.onnx").resolve())
+    doc[key]["sha256"] = "0" * 64                      # what a rotted file would hash to, say
+    cache.write_text(json.dumps(doc))
+    with pytest.raises(BundleError, match="drafter/model.onnx is corrupt"):
+        Bundle.load(b, verify="fast")                  # trusts the memory: the listed digest differs
+    hashed = []
+    real = H.sha256_file
+    monkeypatch.setattr(H, "sha256_file", lambda p, *a, **k: hashed.append(Path(p).name) or real(p, *a, **k))
+    Bundle.load(b, verify="full")                      # reads the file: its bytes are the listed ones
+    assert "model.onnx" in hashed and len(hashed) == len(_listed(b))
+    hashed.clear()
+    Bundle.load(b, verify="fast")                      # "full" put the right digest back
+    assert hashed == []
+
+
+def _listed(b):
+    return json.loads((b / "manifest.json").read_text())["files"]
 
 
 def test_small_file_corruption_caught_in_fast_mode(tiny_same_bundle, copy_bundle):
@@ -159,21 +195,21 @@ def test_affinity_csr_is_checked_once_and_padded():
             Affinity.from_csr(**{**args, **bad})
 
 
-def test_full_verify_remembers_digests_of_unchanged_files(tiny_same_bundle, copy_bundle, monkeypatch, tmp_path):
-    """A second full load of an unchanged bundle reads no file; any write to a file makes it hashed again,
+def test_fast_verify_remembers_digests_of_unchanged_files(tiny_same_bundle, copy_bundle, monkeypatch, tmp_path):
+    """A second load of an unchanged bundle reads no file; any write to a file makes it hashed again,
     even with its size and mtime put back (ctime moves), and a just-written file is never remembered."""
     import edgespec.hashing as H
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     b = copy_bundle(tiny_same_bundle)
-    Bundle.load(b, verify="full")              # files written < 2 s ago: hashed, not remembered
+    Bundle.load(b, verify="fast")              # files written < 2 s ago: hashed, not remembered
     assert not (tmp_path / "home" / H.DIGEST_CACHE).exists()
     monkeypatch.setattr(H, "_SETTLED_NS", 0)
-    Bundle.load(b, verify="full")
+    Bundle.load(b, verify="fast")
     assert (tmp_path / "home" / H.DIGEST_CACHE).is_file()
     hashed = []
     real = H.sha256_file
     monkeypatch.setattr(H, "sha256_file", lambda p, *a, **k: hashed.append(Path(p).name) or real(p, *a, **k))
-    Bundle.load(b, verify="full")
+    Bundle.load(b, verify="fast")
     assert hashed == []
     onnx = b / "drafter" / "model.onnx"
     st = onnx.stat()
@@ -181,7 +217,7 @@ def test_full_verify_remembers_digests_of_unchanged_files(tiny_same_bundle, copy
     _flip_byte(onnx)
     os.utime(onnx, ns=(st.st_atime_ns, st.st_mtime_ns))      # size and mtime as before
     with pytest.raises(BundleError, match=r"drafter/model.onnx is corrupt \(sha256"):
-        Bundle.load(b, verify="full")
+        Bundle.load(b, verify="fast")
     assert hashed == ["model.onnx"]
 
 
@@ -192,10 +228,10 @@ def test_unwritable_digest_cache_still_verifies(tiny_same_bundle, copy_bundle, m
     monkeypatch.setenv("EDGESPEC_HOME", str(home))
     monkeypatch.setattr(H, "_SETTLED_NS", 0)
     b = copy_bundle(tiny_same_bundle)
-    Bundle.load(b, verify="full")
+    Bundle.load(b, verify="fast")
     _flip_byte(b / "drafter" / "model.onnx")
     with pytest.raises(BundleError, match="corrupt"):
-        Bundle.load(b, verify="full")
+        Bundle.load(b, verify="fast")
 
 
 def test_a_remembered_tokenizer_is_parsed_on_first_use(tiny_same_bundle, copy_bundle, monkeypatch, tmp_path):

@@ -198,6 +198,9 @@ BAD = [
     ("completion", {"model": "smollm", "prompt": "x" * 120000}, None),                           # over --max-body
     ("completion", {"model": "smollm", "prompt": "hi", "logprobs": 2}, "logprobs"),
     ("completion", {"model": "smollm", "prompt": "hi", "echo": True}, "echo"),
+    ("completion", {"model": "smollm", "prompt": "hi", "min_p": 2}, "min_p"),
+    ("chat", b"[" * 40000 + b"]" * 40000, None),                        # nested past the parser's depth
+    ("completion", {"model": "smollm", "prompt": "hi \udcff"}, "prompt"),  # a lone surrogate: not text
 ]
 
 
@@ -238,3 +241,23 @@ def test_a_server_that_cannot_start_says_why_in_one_line(tmp_path):
         ServeProcess(tmp_path / "no-bundle", startup_s=120)
     assert str(e.value).startswith("edgespec serve did not start: ") and "\n" not in str(e.value)
     assert "no-bundle" in str(e.value), str(e.value)
+
+
+def test_a_seed_pins_the_sampled_text_whatever_the_server_served_before(server, bundle):
+    """Five requests with the same seed and body give the same text, with greedy and other seeded requests
+    between them (the server's plan, answer store and drafts move on), and it is `ar`'s text with that seed
+    in this process (coupled sampling: docs/runtime.md, "Seeded sampling")."""
+    client = server.client()
+    ar = SpeculativeDecoder(Bundle.load(bundle), strategy="ar", threads=1)
+    for prompt, kw in ((PROMPTS[1], dict(temperature=0.8)), (PROMPTS[2], dict(temperature=1.0, top_p=0.9))):
+        want = ar.generate(prompt, max_new_tokens=32, seed=7, **kw)
+        texts = []
+        for i in range(5):
+            got = client.completions.create(model="smollm", prompt=prompt, max_tokens=32, seed=7, **kw)
+            texts.append(got.choices[0].text)
+            client.completions.create(model="smollm", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=8,
+                                      temperature=0.9, seed=100 + i)           # other history between them
+        assert texts == [want.text] * 5, (prompt, texts, want.text)
+    chat = [client.chat.completions.create(model="smollm", messages=CHAT, max_tokens=24, temperature=0.8, seed=3,
+                                           extra_body={"min_p": 0.05}).choices[0].message.content for _ in range(5)]
+    assert chat == [ar.generate(CHAT, max_new_tokens=24, temperature=0.8, seed=3, min_p=0.05, chat=True).text] * 5

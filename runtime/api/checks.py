@@ -58,11 +58,12 @@ def check_strategy_options(options: dict, also: tuple = ()) -> dict:
     return dict(options)
 
 
-def check_generation_args(max_new_tokens, temperature, top_k, top_p, seed, stop) -> tuple[SamplingParams, list[str]]:
+def check_generation_args(max_new_tokens, temperature, top_k, top_p, seed, stop,
+                          min_p=None) -> tuple[SamplingParams, list[str]]:
     """Every per-call argument, checked before anything runs (the CLI calls this before loading sessions)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    for name, value in (("temperature", temperature), ("top_p", top_p)):
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.number))):
             raise GenerationError(f"{name} must be a number, got {value!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))):
@@ -70,7 +71,7 @@ def check_generation_args(max_new_tokens, temperature, top_k, top_p, seed, stop)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
         raise GenerationError(f"seed must be an integer >= 0 or None, got {seed!r}")
     params = SamplingParams(temperature=float(temperature) if temperature is not None else temperature,
-                            top_k=top_k, top_p=top_p)
+                            top_k=top_k, top_p=top_p, min_p=None if min_p is None else float(min_p))
     return params, _stop_strings(stop)
 
 

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from edgespec.errors import GenerationError
+from edgespec.errors import GenerationError, first_line
 from edgespec.runtime.api.build import build_shared
 from edgespec.runtime.bundle.bundle import Bundle
 from edgespec.runtime.api.checks import DEFAULT_MAX_NEW_TOKENS, check_generation_args
@@ -32,6 +32,7 @@ from edgespec.runtime.api.config import (DEFAULT_DRAFT_LENGTH, DEFAULT_STRATEGY,
                                      checked_config, with_deprecated)
 from edgespec.runtime.bundle.chat import as_messages, render_chat
 from edgespec.runtime.planning.device_profile import plan_for
+from edgespec.runtime.engine.sessions import run_errors
 from edgespec.runtime.planning.device_plan import DevicePlanning
 from edgespec.runtime.samplers.grammar import start_constraint
 from edgespec.runtime.round.randomised import draft_randomised
@@ -42,7 +43,7 @@ from edgespec.runtime.samplers.coupled import RaceNoise
 from edgespec.runtime.samplers.sampling import make_rng
 from edgespec.runtime.api.stats import GenerationStats
 from edgespec.runtime.round.strategies import choose_auto, for_bundle, get_strategy
-from edgespec.runtime.bundle.text import TextState
+from edgespec.runtime.bundle.text import TextState, unicode_problem
 
 @dataclass
 class GenerationResult:
@@ -163,11 +164,11 @@ class SpeculativeDecoder:
             bos = tok.id_to_token(b.bos_id) if b.bos_id is not None else ""
             eos = tok.id_to_token(b.eos_ids[0]) if b.eos_ids else ""
             text = render_chat(self.bundle.require_chat_template(), as_messages(prompt), bos_token=bos or "", eos_token=eos or "")
-            ids = tok.encode(text, add_special_tokens=False).ids
+            ids = tok.encode(_unicode(text, "chat text"), add_special_tokens=False).ids
         elif isinstance(prompt, str):
             if not prompt:
                 raise GenerationError("empty prompt")
-            ids = tok.encode(prompt, add_special_tokens=True).ids
+            ids = tok.encode(_unicode(prompt, "prompt"), add_special_tokens=True).ids
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in prompt):
                 raise GenerationError("prompt token ids must be integers (a flat list of ints)")
@@ -184,21 +185,23 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ public API
     def generate(self, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 stop: str | Sequence[str] | None = None, chat: bool = False, **constraint) -> GenerationResult:
+                 stop: str | Sequence[str] | None = None, chat: bool = False, min_p: float | None = None,
+                 **constraint) -> GenerationResult:
         """`constraint`: structured output (docs/structured-output.md); `draft_scope`: docs/runtime.md."""
         with self.shared.lock:      # calls on one decoder (and its variants) run one at a time
-            for _ in self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=False,
-                               **constraint):
+            for _ in self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, min_p,
+                               incremental=False, **constraint):
                 pass
             return self.last_result
 
     def stream(self, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-               stop: str | Sequence[str] | None = None, chat: bool = False, **constraint) -> Iterator[str]:
+               stop: str | Sequence[str] | None = None, chat: bool = False, min_p: float | None = None,
+               **constraint) -> Iterator[str]:
         """Text deltas (each a valid str; their concatenation is the result's text). The full result,
         stats included, is in `self.last_result` once the generator ends or is closed. Arguments are
         checked when this is called, not at the first `next()`."""
-        run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, **constraint)
+        run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, min_p, **constraint)
         with self.shared.lock:
             next(run)  # runs the argument checks now; the first yield carries no text
         return self._locked(run)
@@ -223,12 +226,12 @@ class SpeculativeDecoder:
         return start_constraint(self.bundle, self.shared, **constraint)
 
     # ------------------------------------------------------------------ the loop
-    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, incremental=True,
+    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, min_p=None, incremental=True,
              jump_forward: bool = True, draft_scope: str | None = None, **constraint):
         """The generator behind generate() and stream(). With incremental=False (generate without stop
         strings) the text is decoded once at the end instead of after every round."""
         t_start = time.perf_counter()
-        params, stops = check_generation_args(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        params, stops = check_generation_args(max_new_tokens, temperature, top_k, top_p, seed, stop, min_p)
         grammar = self.grammar_state(**constraint)       # a bad constraint fails here, before any model runs
         prompt_ids = self.encode_prompt(prompt, chat)
         limit = self.target.max_position
@@ -272,6 +275,10 @@ class SpeculativeDecoder:
         except GenerationError:             # mid-generation (one line): the output so far stays, in last_result
             reason = text_state.update(gen.generated, "error")
             raise
+        except run_errors() as exc:         # a failed ORT run: the same, in one line
+            reason = text_state.update(gen.generated, "error")
+            raise GenerationError(f"ONNX Runtime failed at position {len(prompt_ids) + len(gen.generated)}: "
+                                  f"{first_line(exc)}") from None
         finally:
             gen.finish(reason, finished, kv_ids)
             self.planning.after_generation(gen.record(), self.shared)
@@ -280,3 +287,8 @@ class SpeculativeDecoder:
                     text=text_state.emitted if reason is None else text_state.final_text,
                     token_ids=list(gen.generated), stats=gen.stats, prompt_token_ids=prompt_ids)
 
+
+def _unicode(text: str, what: str) -> str:
+    if (problem := unicode_problem(text)) is not None:
+        raise GenerationError(f"{what} is not valid text ({problem}); edgespec reads text as UTF-8")
+    return text

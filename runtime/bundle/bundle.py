@@ -1,12 +1,12 @@
 """`Bundle.load(dir)`: a validated, loaded edgespec bundle (see docs/architecture.md). Torch-free.
 
-Checks, by `verify` mode (`Bundle.load` defaults to "full"; the CLI's `--verify` defaults to "fast"):
-- "full": every file listed in the manifest's `files` exists, has the listed size and sha256. A digest
+Checks, by `verify` mode (`Bundle.load` and the commands' `--verify` default to "fast"):
+- "fast": every file listed in the manifest's `files` exists, has the listed size and sha256. A digest
   is remembered per file identity (device, inode, size, mtime, ctime: edgespec/hashing.py), so a second
-  load of an unchanged bundle reads no weights; any write to a file makes it hashed again.
-- "fast": the same, except that files larger than FAST_HASH_LIMIT (64 MB: the graphs' weights) are
-  only size-checked; every smaller file (graphs without their data, tokenizers and configs, the
-  vocabulary maps, vocab.json, priors) is still hashed.
+  load of an unchanged bundle reads no weights, while any write to a file (same size and mtime
+  included: ctime moves) makes it hashed again. An interrupted hash is never remembered.
+- "full": the same, every file read again whatever is remembered (for media that may rot under
+  unchanged metadata); the digests found are remembered.
 - "none": the listed files exist (nothing is hashed or size-checked).
 In every mode: the manifest's values have the types the runtime needs (runtime/bundle/manifest.py); every
 path the manifest names (`target.onnx`, `drafter.onnx`, `vocab.vocab_file`, `vocab.prior`,
@@ -22,7 +22,6 @@ matrix is plain CSR arrays in an .npz.
 """
 from __future__ import annotations
 
-import json
 import os
 import zipfile
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from edgespec import jsonio
 from edgespec.errors import BundleError, GenerationError
 from edgespec.hashing import DigestMemory
 from edgespec.runtime.bundle.bundle_tokenizer import (TOKENIZER_FIXED_IN, TokenizerFile, load_tokenizer,  # noqa: F401
@@ -37,9 +37,8 @@ from edgespec.runtime.bundle.bundle_tokenizer import (TOKENIZER_FIXED_IN, Tokeni
 from edgespec.runtime.bundle.manifest import SIDES, check_io, check_required_files, is_target_only, read_manifest, shown
 from edgespec.runtime.samplers.rdk import Affinity
 
-FAST_HASH_LIMIT = 64 * 1024**2
 VERIFY_MODES = ("full", "fast", "none")
-COMMAND_VERIFY = "fast"      # the commands' --verify (generate, chat, serve, bench): big files hashed in part
+DEFAULT_VERIFY = "fast"      # Bundle.load's and the commands' --verify: every byte hashed once per file identity
 # Bundles exported before edgespec's own GGUF tokenizer converter (models/gguf_tokenizer.py) carry
 # transformers 4.57's conversion of Gemma's GGUF tokenizer: a Unigram model over what is a
 # SentencePiece BPE vocabulary, which tokenizes differently from the model's own tokenizer
@@ -150,7 +149,7 @@ class Bundle:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, path: str | Path, verify: str = "full") -> "Bundle":
+    def load(cls, path: str | Path, verify: str = DEFAULT_VERIFY) -> "Bundle":
         if verify not in VERIFY_MODES:
             raise BundleError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
         root = Path(path).expanduser()
@@ -271,10 +270,10 @@ def optional_file(root: Path, manifest: dict, rel: str, what: str, named: bool =
     return bundle_file(root, manifest, rel, what)
 
 
-def verify_files(root: Path, manifest: dict, verify: str = "full") -> DigestMemory | None:
-    """Every listed file is inside the bundle and exists; unless verify="none", its size matches and
-    (in "fast" mode only up to FAST_HASH_LIMIT bytes) so does its sha256. No symlink in the bundle
-    points outside it. Returns the digest memory used (None for "none"), saved."""
+def verify_files(root: Path, manifest: dict, verify: str = DEFAULT_VERIFY) -> DigestMemory | None:
+    """Every listed file is inside the bundle and exists; unless verify="none", its size and sha256
+    match (remembered digests reused unless verify="full"). No symlink in the bundle points outside it.
+    Returns the digest memory used (None for "none"), saved."""
     check_required_files(root, manifest)
     _check_symlinks(root)
     memory = DigestMemory() if verify != "none" else None
@@ -290,13 +289,13 @@ def verify_files(root: Path, manifest: dict, verify: str = "full") -> DigestMemo
         size = p.stat().st_size
         if size != meta["bytes"]:
             raise BundleError(f"bundle {root}: {rel} is corrupt (size {size}, manifest says {meta['bytes']})")
-        if not (verify == "fast" and size > FAST_HASH_LIMIT):
-            to_hash.append((rel, p, meta["sha256"]))
+        to_hash.append((rel, p, meta["sha256"]))
+    reuse = verify != "full"
     if memory is not None:           # the first load after an export or a copy says what takes its time
-        memory.say_if_slow([p for _, p, _ in to_hash], "bundle files")
+        memory.say_if_slow([p for _, p, _ in to_hash], "bundle files", reuse=reuse)
     for rel, p, expected in to_hash:
         try:
-            digest = memory.sha256(p)
+            digest = memory.sha256(p, reuse=reuse)
         except OSError as exc:
             raise BundleError(f"bundle {root}: {rel} cannot be read ({exc.strerror or exc})") from exc
         if digest != expected:
@@ -374,7 +373,7 @@ def _load_npy(root: Path, path: Path, dtype) -> np.ndarray:
 
 def _load_json(root: Path, path: Path):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return jsonio.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BundleError(f"bundle {root}: {path.relative_to(root)} is unreadable ({_why(exc)})") from exc
 

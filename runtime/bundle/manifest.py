@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from edgespec import jsonio
 from edgespec import __version__
 from edgespec.errors import BundleError
 from edgespec.hashing import sha256_file
@@ -18,6 +19,7 @@ FORMAT = "edgespec-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SIDES = ("target", "drafter")
+MAX_POSITION = 1 << 24     # the longest context a manifest may claim (16M positions): beyond is a damaged manifest
 REQUIRED_SECTIONS = ("target", "drafter", "vocab", "files")
 # A target-only bundle (no drafter: `ar` and prompt lookup) has "drafter": null and "vocab": null.
 TARGET_FILES = ("target/model.onnx", "target/tokenizer.json")
@@ -101,7 +103,7 @@ def is_bundle_dir(path: Path) -> bool:
     if not m.is_file():
         return False
     try:
-        return json.loads(m.read_text()).get("format") == FORMAT
+        return jsonio.loads(m.read_text()).get("format") == FORMAT
     except (OSError, ValueError):
         return False
 
@@ -112,7 +114,7 @@ def read_manifest(root: Path) -> dict:
     if not mpath.is_file():
         raise BundleError(f"{root} is not an edgespec bundle: {MANIFEST} is missing")
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        manifest = jsonio.loads(mpath.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BundleError(f"bundle {root}: {MANIFEST} is unreadable or corrupt ({exc})") from exc
     if not isinstance(manifest, dict):
@@ -162,7 +164,7 @@ _SIDE_SCHEMA = (   # (key, test, description); a missing optional key reads as N
     ("onnx", lambda v: v is None or _is_path(v), "a relative path"),
     ("vocab_size", lambda v: _is_int(v, 1), "an integer >= 1"),
     ("num_layers", lambda v: v is None or _is_int(v, 1), "an integer >= 1"),
-    ("max_position", lambda v: v is None or _is_int(v, 1), "an integer >= 1"),
+    ("max_position", lambda v: v is None or (_is_int(v, 1) and v <= MAX_POSITION), f"an integer in [1, {MAX_POSITION}]"),
     ("tokenizer", lambda v: isinstance(v, dict), "an object"),
     ("io", lambda v: isinstance(v, dict) and all(isinstance(v.get(k), list) and all(isinstance(n, str) for n in v[k])
                                                  for k in ("inputs", "outputs")),

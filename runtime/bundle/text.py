@@ -1,4 +1,4 @@
-"""Incremental detokenisation for streaming, and stop strings.
+"""Incremental detokenisation for streaming, and stop strings; the check that input text is Unicode.
 
 `TextState.update(ids)` decodes the generated ids (the target tokenizer, skipping special tokens) and
 looks for stop strings in the new text; `take()` returns the next delta. A delta never ends in a
@@ -8,6 +8,19 @@ string; the concatenated deltas equal the final text.
 from __future__ import annotations
 
 _REPLACEMENT = "\ufffd"
+
+
+def unicode_problem(text: str) -> str | None:
+    """Why `text` cannot be tokenized, or None. Text is Unicode; a lone surrogate is not: Python makes
+    U+DC80..U+DCFF of bytes that were not UTF-8 (argv, stdin under the C locale), and the tokenizer cannot
+    encode any surrogate. The rule is to refuse, not replace, so that what runs is what the user wrote."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as exc:
+        ch = ord(text[exc.start])
+        what = f"byte 0x{ch - 0xDC00:02x}, not UTF-8" if 0xDC80 <= ch <= 0xDCFF else f"lone surrogate U+{ch:04X}"
+        return f"{what}, at character {exc.start}"
 
 
 class TextState:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+from edgespec import jsonio
 
 SPIECE_SPACE = "\u2581"  # ▁
 SPECIAL_PREFIX = b"special:"  # key prefix of added special tokens (``special:<content>``): never text
@@ -214,7 +215,7 @@ def intersection_size(d2t: np.ndarray) -> int:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return jsonio.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 
@@ -323,7 +324,7 @@ def read_vocab_file(path: str | Path, expected_hash: str | None, error: type[Exc
     Failures raise `error` (the caller's EdgespecError subclass) with a one-line message."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = jsonio.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise error(f"cannot read vocab file {path}: {exc.strerror}") from None
     except ValueError as exc:

@@ -69,6 +69,14 @@ def _ort():
     return ort
 
 
+def run_errors() -> tuple[type, ...]:
+    """What a failed ORT run raises (an op's own check, memory, a damaged graph): RuntimeError ("Error in
+    execution") and ORT's own exception types, which the decoder turns into one line."""
+    import onnxruntime.capi.onnxruntime_pybind11_state as state
+
+    return (RuntimeError, state.Fail, state.RuntimeException, state.InvalidArgument, state.EPFail)
+
+
 def known_provider_names() -> list[str]:
     """Every provider name this onnxruntime build knows about (whether or not it can load)."""
     ort = _ort()
@@ -188,7 +196,7 @@ def session_options(threads: int | None = None, name: str = "threads", stop_spin
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = QUIET
+    so.log_severity_level = SILENT   # a failed run's error log too: the decoder reports it in one line (run_errors)
     if n > 1:
         # Spinning between the ~300 nodes of a forward saves a thread wake-up per node (Qwen-0.5B int4
         # drafter: 13 vs 21 ms a step); stopping it when Run() returns keeps idle threads from stealing

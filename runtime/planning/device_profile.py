@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec import jsonio
+from edgespec.errors import BundleError
 from edgespec.paths import cache_home
 from edgespec.runtime.engine.thread_scaling import (BUSY_CORES, cpu_seconds, others_busy, probe_step, scale_threads,
                                              session_threads)
@@ -182,7 +184,7 @@ def load_profile(bundle, threads: int | None, ep="cpu") -> DeviceProfile | None:
     if not path.is_file():
         return None
     try:
-        profile = DeviceProfile.from_json(json.loads(path.read_text(encoding="utf-8")))
+        profile = DeviceProfile.from_json(jsonio.loads(path.read_text(encoding="utf-8")))
         if profile.key != key:
             raise ValueError("its key is another bundle's or machine's")
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -286,6 +288,15 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
         return ModelRunner(sess, side, (bundle.target if side == "target" else bundle.drafter).max_position,
                            exact=False, static_length=STATIC_LENGTH if captures(sess) else None)
 
+    unloadable = {}                     # a graph ORT cannot load here is profiled as such, not tried at every run
+    for name in [n for n in GRAPHS if n in paths]:
+        try:
+            runner_at(paths[name], resolve_threads(threads), "target")
+        except BundleError as exc:
+            if name == "model":         # the bundle's own graph: nothing to fall back on
+                raise
+            unloadable[name] = GraphProfile(note=f"cannot be loaded here: {str(exc)[:160]}")
+            paths.pop(name)
     scaling, given = None, set(built)
     target_n = drafter_n = resolve_threads(threads)
     if threads is None and cpu:
@@ -298,7 +309,7 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
             scaling.update(drafter=drafter_ms, drafter_threads=drafter_n)
         # free the sessions of counts not chosen (a 1.5B int4 target's is about 1 GB)
         built = {key: s for key, s in built.items() if key in given or key[1] in (target_n, drafter_n)}
-    graphs: dict[str, GraphProfile] = {}
+    graphs: dict[str, GraphProfile] = dict(unloadable)
     for name in GRAPHS:
         if name not in paths:
             continue

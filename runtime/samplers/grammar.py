@@ -31,12 +31,12 @@ llguidance (Rust, no torch, ~8 MB) comes with the `[serve]` extra (and `[grammar
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from edgespec import jsonio
 from edgespec.errors import GenerationError
 from edgespec.runtime.samplers.sampling import SamplingParams
 from edgespec.runtime.samplers.tli import tli_greedy
@@ -114,7 +114,7 @@ def constraint_from(response_format=None, json_schema=None, regex=None, grammar=
     if json_schema is not None:
         if isinstance(json_schema, str):
             try:
-                json_schema = json.loads(json_schema)
+                json_schema = jsonio.loads(json_schema)
             except ValueError as e:
                 raise GenerationError(f"json_schema is not valid JSON: {e}") from None
         if not isinstance(json_schema, (dict, bool)):

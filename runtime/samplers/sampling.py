@@ -1,12 +1,14 @@
 """Sampling parameters, logits -> probabilities, and seeded draws. NumPy only.
 
 `probabilities(logits, params)` applies, in this order (the order transformers uses): temperature,
-top-k, softmax, top-p (nucleus) and renormalisation. It works row-wise on
+top-k, softmax, top-p (nucleus), min-p (tokens below min_p times the top probability dropped) and
+renormalisation. It works row-wise on
 [..., V] logits and returns float64 rows summing to 1 (float64 keeps rejection sampling exact to
 ~1e-16 on 150k-token vocabularies; the cost is one [rows, V] array per verify step).
 
 temperature 0 means greedy: callers use `np.argmax` on the logits and never build probabilities.
-All randomness comes from one `np.random.Generator` per generation, so seeded runs are reproducible.
+Rejection sampling draws from one `np.random.Generator` per generation (inverse CDF here); seeded
+generations use the race of coupled.py instead, which makes the text a function of the seed alone.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
 
     def __post_init__(self):
         t = self.temperature
@@ -37,6 +40,13 @@ class SamplingParams:
             raise GenerationError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
             raise GenerationError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.min_p is not None and not (0.0 <= self.min_p <= 1.0):
+            raise GenerationError(f"min_p must be in [0, 1], got {self.min_p!r}")
+
+    @property
+    def truncates(self) -> bool:
+        """Whether top-p or min-p cut the softmaxed row (truncate_probabilities has work to do)."""
+        return (self.top_p is not None and self.top_p < 1.0) or bool(self.min_p)
 
     @property
     def greedy(self) -> bool:
@@ -104,6 +114,16 @@ def top_p_mask(row: np.ndarray, top_p: float) -> None:
     row[row < threshold] = 0.0
 
 
+def truncate_probabilities(row: np.ndarray, params: SamplingParams) -> None:
+    """Top-p, then min-p, on one 1-D row of probabilities, renormalised in place (the one place both
+    cuts are applied: the target's rows and the drafters' alike)."""
+    if params.top_p is not None and params.top_p < 1.0:
+        top_p_mask(row, params.top_p)
+    if params.min_p:
+        row[row < params.min_p * row.max()] = 0.0
+    row /= row.sum()
+
+
 def _top_k_row(logits_row: np.ndarray, params: SamplingParams, out_row: np.ndarray) -> None:
     """Top-k path for one row: only the k best logits (ties with the k-th included) are touched, so
     the O(V) work is one selection, one comparison and one fill."""
@@ -113,15 +133,14 @@ def _top_k_row(logits_row: np.ndarray, params: SamplingParams, out_row: np.ndarr
     vals = logits_row[idx].astype(np.float64)
     vals /= params.temperature
     softmax(vals, out=vals)
-    if params.top_p is not None and params.top_p < 1.0:
-        top_p_mask(vals, params.top_p)
-        vals /= vals.sum()
+    if params.truncates:
+        truncate_probabilities(vals, params)
     out_row.fill(0.0)
     out_row[idx] = vals
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | None = None) -> np.ndarray:
-    """Rows of logits [..., V] -> float64 probabilities after temperature, top-k and top-p.
+    """Rows of logits [..., V] -> float64 probabilities after temperature, top-k, top-p and min-p.
 
     `params.temperature` must be > 0 here (greedy never builds probabilities)."""
     if params.greedy:
@@ -136,10 +155,9 @@ def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | 
     np.divide(logits, params.temperature, out=out, casting="unsafe")
     rows = out.reshape(-1, v)
     softmax(rows, out=rows)
-    if params.top_p is not None and params.top_p < 1.0:
+    if params.truncates:
         for r in rows:
-            top_p_mask(r, params.top_p)
-        rows /= rows.sum(axis=-1, keepdims=True)
+            truncate_probabilities(r, params)
     return out
 
 
