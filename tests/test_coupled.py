@@ -14,7 +14,8 @@ from edgespec.runtime.samplers.coupled import RaceNoise, race_pick, verify_coupl
 from edgespec.runtime.samplers.sampling import SamplingParams
 
 PROMPTS = ["The quick brown", "def add(a, b):", "Once upon a time"]
-SAMPLED = [dict(temperature=1.0), dict(temperature=0.8, top_k=40, top_p=0.9), dict(temperature=0.6, top_p=0.5)]
+SAMPLED = [dict(temperature=1.0), dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05),
+           dict(temperature=0.6, top_p=0.5)]
 # (bundle, strategy, decoder keywords): every strategy the tiny bundles can run
 CASES = [("self", "sd", {}), ("same", "sd", {}), ("same", "tli", {}), ("hetero", "tli", {}), ("hetero", "slem", {}),
          ("hetero", "slrs1", {}), ("same", "ngram", {}), ("same", "auto", {}), ("self", "auto", {}),

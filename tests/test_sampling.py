@@ -10,7 +10,7 @@ from edgespec.runtime.samplers.sampling import SamplingParams, probabilities, sa
 from test_verify import ScriptedRNG  # tests/ is on sys.path (conftest.py)
 
 
-def _ref(logits, t, k=None, top_p=None):
+def _ref(logits, t, k=None, top_p=None, min_p=None):
     x = logits.astype(np.float64) / t
     if k is not None and k < x.size:
         x[x < np.sort(x)[-k]] = -np.inf
@@ -23,18 +23,24 @@ def _ref(logits, t, k=None, top_p=None):
         keep[order[:cut]] = True
         p = np.where(keep, p, 0.0)
         p /= p.sum()
+    if min_p:                                              # after top-p, against the top token's probability
+        p = np.where(p >= min_p * p.max(), p, 0.0)
+        p /= p.sum()
     return p
 
 
 @pytest.mark.parametrize("v", [10, 3000])
-@pytest.mark.parametrize("t,k,top_p", [(1.0, None, None), (0.7, None, None), (1.3, 5, None), (1.0, None, 0.9),
-                                      (0.8, 50, 0.5), (1.0, None, 0.999)])
-def test_probabilities_match_reference(v, t, k, top_p):
+@pytest.mark.parametrize("t,k,top_p,min_p", [(1.0, None, None, None), (0.7, None, None, None), (1.3, 5, None, None),
+                                            (1.0, None, 0.9, None), (0.8, 50, 0.5, None), (1.0, None, 0.999, None),
+                                            (1.0, None, None, 0.05), (0.9, 40, 0.95, 0.1), (1.2, None, 0.9, 0.3)])
+def test_probabilities_match_reference(v, t, k, top_p, min_p):
     rng = np.random.default_rng(v)
     logits = (rng.standard_normal((3, v)) * 3).astype(np.float32)
-    got = probabilities(logits, SamplingParams(temperature=t, top_k=k, top_p=top_p))
+    got = probabilities(logits, SamplingParams(temperature=t, top_k=k, top_p=top_p, min_p=min_p))
     for row, ref_logits in zip(got, logits):
-        np.testing.assert_allclose(row, _ref(ref_logits, t, k, top_p), rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(row, _ref(ref_logits, t, k, top_p, min_p), rtol=1e-6, atol=1e-12)
+        if min_p and v > 100:
+            assert (row > 0).sum() < (_ref(ref_logits, t, k, top_p) > 0).sum()     # min-p cut something
         assert row.sum() == pytest.approx(1.0, abs=1e-12)
 
 
@@ -59,7 +65,8 @@ def test_seeded_draws_are_reproducible():
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_p=0.0),
-                                    dict(top_p=1.5), dict(top_k=0), dict(top_k=2.5)])
+                                    dict(top_p=1.5), dict(top_k=0), dict(top_k=2.5),
+                                    dict(min_p=-0.1), dict(min_p=1.5)])
 def test_bad_sampling_parameters(kwargs):
     with pytest.raises(GenerationError):
         SamplingParams(**{"temperature": 1.0, **kwargs})
