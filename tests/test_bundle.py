@@ -277,3 +277,27 @@ def test_sessions_fail_before_beside(tiny_same_bundle, tmp_path):
     with pytest.raises(RuntimeError, match="beside failed"):
         create_sessions([dict(model_path=tiny_same_bundle / "target" / "model.onnx", threads=1, role="target")],
                         beside=boom)
+
+
+def test_an_interrupted_check_is_never_remembered(tiny_same_bundle, copy_bundle, monkeypatch, tmp_path):
+    """Ctrl-C while a file is hashed: nothing about it is saved, and the next load hashes it (and refuses
+    it where it is damaged)."""
+    import edgespec.hashing as H
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(H, "_SETTLED_NS", 0)
+    b = copy_bundle(tiny_same_bundle)
+    _flip_byte(b / "target" / "model.onnx")
+    real = H.sha256_file
+
+    def interrupted(p, *a, **k):
+        if Path(p).name == "model.onnx":
+            raise KeyboardInterrupt
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(H, "sha256_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Bundle.load(b)
+    assert not H.DigestMemory().remembers(b / "target" / "model.onnx")
+    monkeypatch.setattr(H, "sha256_file", real)
+    with pytest.raises(BundleError, match="model.onnx is corrupt"):
+        Bundle.load(b)

@@ -64,3 +64,23 @@ def test_smollm_self_greedy_identity(smollm, ar_tokens, k):
         accepted += res.stats.accepted
         drafted += res.stats.drafted
     assert drafted > 0 and accepted / drafted > 0.5      # the pruned self-drafter agrees most of the time
+
+
+SEEDED = [dict(temperature=0.8), dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=50, min_p=0.05)]
+
+
+def test_smollm_self_seeded_sampling_gives_ars_tokens(smollm):
+    """Coupled sampling on the real pair: with a seed, the default decoder (4 runs, its plan and store moving
+    on), ngram, sd, tli and slem give exactly `ar`'s tokens with the same seed, 3 prompts x 3 settings."""
+    ar = SpeculativeDecoder(smollm, strategy="ar", threads=1)
+    decs = {"auto": SpeculativeDecoder(smollm, threads=1)}
+    decs |= {s: decs["auto"].variant(s) for s in ("ngram", "sd", "tli", "slem")}
+    drafted = 0
+    for i, (prompt, kw) in enumerate(zip(PROMPTS[:3], SEEDED)):
+        want = ar.generate(prompt, max_new_tokens=48, seed=40 + i, **kw).token_ids
+        for name, dec in decs.items():
+            for _ in range(4 if name == "auto" else 1):
+                res = dec.generate(prompt, max_new_tokens=48, seed=40 + i, **kw)
+                assert res.token_ids == want, (name, prompt, kw)
+                drafted += res.stats.drafted
+    assert drafted > 0
