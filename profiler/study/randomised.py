@@ -197,7 +197,9 @@ def make_decoders(cfg: RandomisedConfig, bundle: Bundle) -> dict:
         raise StudyError(f"bundle {bundle.path}: the randomised study needs a same-tokenizer pair (the drafter's "
                          "positions are the target's; a heterogeneous drafter re-tokenises its context)")
     base = SpeculativeDecoder(bundle, strategy="tli", draft_length=cfg.draft_length, threads=cfg.threads,
-                              draft_probability=cfg.a_values[0], options={"defer_drafter": False})
+                              draft_probability=cfg.a_values[0],
+                              # Lemma 4.1 is rejection sampling's law: seeded, the race would run instead
+                              options={"defer_drafter": False, "coupled_sampling": False})
     decs = {"ar": base.variant("ar")}
     for a in cfg.a_values:
         decs[a] = base if a == cfg.a_values[0] else base.variant("tli", draft_probability=a)

@@ -10,7 +10,7 @@ the token the target's race picks there (`verify_coupled`); at the first mismatc
 committed instead. Each committed token is therefore the one `ar` with the same seed samples: exact,
 not only in distribution. A drafter that races its own q over the same E proposes the target's token
 whenever the two races agree, which they do with probability close to sum min(p, q) when p and q are
-close (docs/samplers.md gives the measured acceptance against rejection sampling's).
+close (docs/results.md, 2026-12-02, gives the measured acceptance against rejection sampling's).
 """
 from __future__ import annotations
 
