@@ -177,7 +177,8 @@ def batch_invariance(bundles: dict, ep: str) -> None:
 
 
 def sampling(bundles: dict, ep: str, n: int = 2000) -> None:
-    from distribution import ALPHA, check_lossless, sample_tokens, verify_without_residual as no_residual
+    from distribution import (ALPHA, REJECTION, check_lossless, sample_tokens,
+                              verify_without_residual as no_residual)
     from edgespec.runtime import Bundle, SpeculativeDecoder
     from edgespec.runtime.round import rounds as rounds_module
     from edgespec.runtime.samplers.sampling import SamplingParams
@@ -186,7 +187,7 @@ def sampling(bundles: dict, ep: str, n: int = 2000) -> None:
         b = Bundle.load(bundles[name])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, ep=ep)
+            dec = SpeculativeDecoder(b, strategy="tli", draft_length=4, ep=ep, options=REJECTION)  # runs the patched verify
             ids = b.target.tokenizer.encode("The quick brown").ids
             t0 = time.perf_counter()
             good = check_lossless(dec, b, ids, n=n, seed=0, temperature=1.0, ep=ep)
