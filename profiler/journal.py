@@ -69,7 +69,7 @@ def read(out: Path, expected: dict) -> list[dict]:
     lines = path.read_text(encoding="utf-8").splitlines()
     try:
         header = jsonio.loads(lines[0]) if lines else {}
-    except json.JSONDecodeError:
+    except ValueError:             # not JSON, or nested past the parser (jsonio)
         header = {}
     if header.get("format") != FORMAT:
         raise BenchError(f"--resume: {path} is not an edgespec bench journal (bad or missing header line)")
@@ -89,7 +89,7 @@ def read(out: Path, expected: dict) -> list[dict]:
     for n, line in enumerate(lines[1:], start=2):
         try:
             records.append(jsonio.loads(line))
-        except json.JSONDecodeError:
+        except ValueError:             # not JSON, or nested past the parser (jsonio)
             if n != len(lines):
                 raise BenchError(f"--resume: {path} line {n} is corrupt (not JSON); it is not the last line, so "
                                  "this is not a cut-off write: refusing to guess") from None

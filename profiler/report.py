@@ -184,20 +184,17 @@ def lossless_line(doc: dict) -> str:
     """Greedy benches double as a lossless check: every strategy's output must equal ar's; so do seeded
     sampled ones, whose rows sample by the race (runtime/samplers/coupled.py) unless a row turns it off."""
     s = doc["settings"]
-    runs = [r for r in doc["runs"] if drafts(r)]
-    if s["temperature"] != 0:
-        runs = [r for r in runs if not _rejection_sampled(r, s)]
-        if not runs:
-            return "Sampling: outputs are not compared with ar (rejection sampling; the distribution tests cover it)."
-        bad = [f"{r['strategy']} γ={gamma_text(r)}: {r['outputs_differing_from_ar']}" for r in runs
-               if r.get("outputs_differing_from_ar")]
-        n = sum(r["prompts"] * r["repeats_measured"] for r in runs)
-        return ("**SEEDED CHECK FAILED**: seeded outputs differing from ar's: " + "; ".join(bad) if bad else
-                f"Seeded sampled outputs identical to ar's with the same seed in all {n} coupled generations "
-                "compared (rows with coupled_sampling=false sample by rejection and are not compared).")
+    sampled = s["temperature"] != 0
+    runs = [r for r in doc["runs"] if drafts(r) and not (sampled and _rejection_sampled(r, s))]
+    if not runs:
+        return "Sampling: outputs are not compared with ar (rejection sampling; the distribution tests cover it)."
     bad = [f"{r['strategy']} γ={gamma_text(r)}: {r['outputs_differing_from_ar']}" for r in runs
            if r.get("outputs_differing_from_ar")]
     n = sum(r["prompts"] * r["repeats_measured"] for r in runs)
+    if sampled:
+        return ("**SEEDED CHECK FAILED**: seeded outputs differing from ar's: " + "; ".join(bad) if bad else
+                f"Seeded sampled outputs identical to ar's with the same seed in all {n} coupled generations "
+                "compared (rows with coupled_sampling=false sample by rejection and are not compared).")
     line = ("**LOSSLESS CHECK FAILED**: greedy outputs differing from ar: " + "; ".join(bad) if bad else
             f"Greedy outputs identical to ar, token for token, in all {n} generations compared.")
     plain = [r for r in doc["runs"] if not drafts(r) and r["strategy"] != "ar"]

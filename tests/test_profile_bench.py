@@ -51,6 +51,30 @@ def close(a, b, rel=1e-9):
     return a == pytest.approx(b, rel=rel)
 
 
+def test_a_seeded_sampled_bench_checks_its_coupled_rows_against_ar(tiny_self_bundle, prompts_file, tmp_path):
+    """Seeded, every row samples by the race unless it turns it off: coupled rows are compared with ar (and
+    equal it), a coupled_sampling=false row is not; a differing coupled row is reported as a failure."""
+    from edgespec.profiler.report import lossless_line
+    out = tmp_path / "report"
+    rc = main(["bench", "--bundle", str(tiny_self_bundle), "--prompts", str(prompts_file), "--split", "all",
+               "--strategies", "ar,tli,tli:coupled_sampling=false", "--draft-length", "3", "--max-new-tokens", "12",
+               "--temperature", "0.8", "--seed", "5", "--threads", "1", "--bandwidth-mb", "8", "--quiet",
+               "--report", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "report.json").read_text())
+    runs = {r["strategy"]: r for r in doc["runs"]}
+    assert runs["tli"]["outputs_differing_from_ar"] == 0
+    n = runs["tli"]["prompts"] * runs["tli"]["repeats_measured"]
+    assert f"Seeded sampled outputs identical to ar's with the same seed in all {n} coupled generations" in \
+        (out / "report.md").read_text()
+    broken = json.loads(json.dumps(doc))
+    next(r for r in broken["runs"] if r["strategy"] == "tli")["outputs_differing_from_ar"] = 1
+    assert lossless_line(broken).startswith("**SEEDED CHECK FAILED**: seeded outputs differing from ar's: tli γ=3: 1")
+    unseeded = json.loads(json.dumps(broken))
+    unseeded["settings"]["seed"] = None
+    assert lossless_line(unseeded).startswith("Sampling: outputs are not compared with ar")
+
+
 def test_bench_cli_report_is_consistent(tiny_self_bundle, prompts_file, tmp_path):
     out = tmp_path / "report"
     rc = main(["bench", "--bundle", str(tiny_self_bundle), "--prompts", str(prompts_file), "--split", "all",

@@ -43,7 +43,7 @@ from edgespec.runtime.samplers.coupled import RaceNoise
 from edgespec.runtime.samplers.sampling import make_rng
 from edgespec.runtime.api.stats import GenerationStats
 from edgespec.runtime.round.strategies import choose_auto, for_bundle, get_strategy
-from edgespec.runtime.bundle.text import TextState, unicode_problem
+from edgespec.runtime.bundle.text import TextState, require_text
 
 @dataclass
 class GenerationResult:
@@ -164,11 +164,11 @@ class SpeculativeDecoder:
             bos = tok.id_to_token(b.bos_id) if b.bos_id is not None else ""
             eos = tok.id_to_token(b.eos_ids[0]) if b.eos_ids else ""
             text = render_chat(self.bundle.require_chat_template(), as_messages(prompt), bos_token=bos or "", eos_token=eos or "")
-            ids = tok.encode(_unicode(text, "chat text"), add_special_tokens=False).ids
+            ids = tok.encode(require_text(text, "chat text"), add_special_tokens=False).ids
         elif isinstance(prompt, str):
             if not prompt:
                 raise GenerationError("empty prompt")
-            ids = tok.encode(_unicode(prompt, "prompt"), add_special_tokens=True).ids
+            ids = tok.encode(require_text(prompt, "prompt"), add_special_tokens=True).ids
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in prompt):
                 raise GenerationError("prompt token ids must be integers (a flat list of ints)")
@@ -286,9 +286,3 @@ class SpeculativeDecoder:
                 self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,
                     token_ids=list(gen.generated), stats=gen.stats, prompt_token_ids=prompt_ids)
-
-
-def _unicode(text: str, what: str) -> str:
-    if (problem := unicode_problem(text)) is not None:
-        raise GenerationError(f"{what} is not valid text ({problem}); edgespec reads text as UTF-8")
-    return text

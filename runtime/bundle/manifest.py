@@ -10,8 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from edgespec import jsonio
-from edgespec import __version__
+from edgespec import __version__, jsonio
 from edgespec.errors import BundleError
 from edgespec.hashing import sha256_file
 

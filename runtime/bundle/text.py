@@ -7,20 +7,23 @@ string; the concatenated deltas equal the final text.
 """
 from __future__ import annotations
 
+from edgespec.errors import GenerationError
+
 _REPLACEMENT = "\ufffd"
 
 
-def unicode_problem(text: str) -> str | None:
-    """Why `text` cannot be tokenized, or None. Text is Unicode; a lone surrogate is not: Python makes
-    U+DC80..U+DCFF of bytes that were not UTF-8 (argv, stdin under the C locale), and the tokenizer cannot
-    encode any surrogate. The rule is to refuse, not replace, so that what runs is what the user wrote."""
+def require_text(text: str, what: str) -> str:
+    """`text`, or a one-line GenerationError where it is not Unicode: a lone surrogate is not (Python makes
+    U+DC80..U+DCFF of bytes that were not UTF-8, from argv or stdin under the C locale), and the tokenizer
+    cannot encode one. The rule is to refuse, not replace, so that what runs is what the user wrote."""
     try:
         text.encode("utf-8")
-        return None
+        return text
     except UnicodeEncodeError as exc:
         ch = ord(text[exc.start])
-        what = f"byte 0x{ch - 0xDC00:02x}, not UTF-8" if 0xDC80 <= ch <= 0xDCFF else f"lone surrogate U+{ch:04X}"
-        return f"{what}, at character {exc.start}"
+        problem = f"byte 0x{ch - 0xDC00:02x}, not UTF-8" if 0xDC80 <= ch <= 0xDCFF else f"lone surrogate U+{ch:04X}"
+        raise GenerationError(f"{what} is not valid text ({problem}, at character {exc.start}); edgespec reads "
+                              "text as UTF-8") from None
 
 
 class TextState:

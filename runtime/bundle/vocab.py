@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+
 from edgespec import jsonio
 
 SPIECE_SPACE = "\u2581"  # ▁

@@ -46,7 +46,7 @@ from edgespec import jsonio
 from edgespec.errors import BundleError
 from edgespec.paths import cache_home
 from edgespec.runtime.engine.thread_scaling import (BUSY_CORES, cpu_seconds, others_busy, probe_step, scale_threads,
-                                             session_threads)
+                                             session_threads, thread_counts)
 from edgespec.runtime.engine.verdicts import cpu_signature
 
 VERSION = 1
@@ -288,19 +288,26 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
         return ModelRunner(sess, side, (bundle.target if side == "target" else bundle.drafter).max_position,
                            exact=False, static_length=STATIC_LENGTH if captures(sess) else None)
 
-    unloadable = {}                     # a graph ORT cannot load here is profiled as such, not tried at every run
-    for name in [n for n in GRAPHS if n in paths]:
+    graphs: dict[str, GraphProfile] = {}
+
+    def loads(name: str, n: int) -> bool:
+        """Whether ORT loads target graph `name` here (its session, built now, is reused). One it cannot load
+        is profiled as such, so that it is not tried again at every run; model.onnx must load."""
         try:
-            runner_at(paths[name], resolve_threads(threads), "target")
+            runner_at(paths[name], n, "target")
+            return True
         except BundleError as exc:
             if name == "model":         # the bundle's own graph: nothing to fall back on
                 raise
-            unloadable[name] = GraphProfile(note=f"cannot be loaded here: {str(exc)[:160]}")
+            graphs[name] = GraphProfile(note=f"cannot be loaded here: {str(exc)[:160]}")
             paths.pop(name)
+            return False
+
     scaling, given = None, set(built)
     target_n = drafter_n = resolve_threads(threads)
     if threads is None and cpu:
-        cores, first = allowed_cores(), next(paths[n] for n in GRAPHS if n in paths)
+        cores = allowed_cores()
+        first = next(paths[n] for n in GRAPHS if n in paths and loads(n, thread_counts(cores)[0]))
         target_ms, target_n = scale_threads(lambda n: probe_step(runner_at(first, n, "target"), ids, PREFIX), cores)
         scaling = {"target": target_ms, "target_threads": target_n}
         if dids is not None:
@@ -309,7 +316,6 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
             scaling.update(drafter=drafter_ms, drafter_threads=drafter_n)
         # free the sessions of counts not chosen (a 1.5B int4 target's is about 1 GB)
         built = {key: s for key, s in built.items() if key in given or key[1] in (target_n, drafter_n)}
-    graphs: dict[str, GraphProfile] = dict(unloadable)
     for name in GRAPHS:
         if name not in paths:
             continue
@@ -322,8 +328,9 @@ def measure_profile(bundle, threads: int | None, sessions: dict | None = None, d
         if name == "prefill" and exact_one:
             graphs[name] = GraphProfile(note="not measured: another graph has exact 1-token steps here")
             continue
-        graphs[name] = probe_graph(runner_at(paths[name], target_n, "target"), ids,
-                                   slower_than_ms=best if name == "prefill" else None)
+        if loads(name, target_n):
+            graphs[name] = probe_graph(runner_at(paths[name], target_n, "target"), ids,
+                                       slower_than_ms=best if name == "prefill" else None)
     drafter_ms = None
     if dids is not None:
         drafter_ms = probe_step(runner_at(bundle.drafter.onnx, drafter_n, "drafter"), dids, PREFIX, DRAFTER_STEPS)
