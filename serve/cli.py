@@ -14,14 +14,15 @@ SERVE = {**defaults_of(Settings), "max_queue": defaults_of(Worker)["max_queue"]}
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="serve a bundle over an OpenAI-compatible HTTP API (needs the [serve] extra)",
-        description="An OpenAI-compatible local server: GET /v1/models, POST /v1/chat/completions and "
-                    "/v1/completions (plain and streamed), GET /health. One decoder serves the requests one at "
-                    "a time, first come first served.")
+        description="An OpenAI-compatible local server: GET /v1/models, POST /v1/chat/completions, "
+                    "/v1/completions and /v1/responses (plain and streamed; each also without /v1), GET /health. "
+                    "One decoder serves the requests one at a time, first come first served.")
     add_decoder_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=SERVE["api_key"], metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on every route but /health (default: $EDGESPEC_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every route but /health "
+                        "(default: $EDGESPEC_API_KEY)")
     p.add_argument("--model-name", default=None, metavar="NAME", help="model name to serve as (default: the bundle "
                                                                       "directory's name)")
     p.add_argument("--max-queue", type=int, default=SERVE["max_queue"], metavar="N",
@@ -33,6 +34,26 @@ def register(subparsers) -> None:
                    help=f"seconds a request may take, queue wait included (default {SERVE['timeout']:g})")
     p.add_argument("--max-body", type=int, default=SERVE["max_body"], metavar="BYTES",
                    help=f"largest request body (default {SERVE['max_body']} bytes)")
+    p.add_argument("--strict-model", action="store_true",
+                   help="refuse a request naming another model (404) or none (400); by default any name serves "
+                        "the bundle, as llama-server and Ollama do")
+    p.add_argument("--allowed-hosts", type=_names, default=SERVE["allowed_hosts"], metavar="NAMES",
+                   help="more Host names to answer, comma-separated ('*' any, '.example.com' a domain); by default "
+                        "only local ones (localhost, 127.0.0.1, ::1, the bind address): a web page cannot rebind DNS "
+                        "to reach the server")
+    p.add_argument("--cors-origins", type=_names, default=SERVE["cors_origins"], metavar="ORIGINS",
+                   help="web origins allowed to call the server, comma-separated ('*' any); by default browsers' "
+                        "cross-origin requests are refused")
+    p.add_argument("--header-timeout", type=float, default=SERVE["header_timeout"], metavar="S",
+                   help=f"seconds a connection may take to send a request's headers (default "
+                        f"{SERVE['header_timeout']:g})")
+    p.add_argument("--body-timeout", type=float, default=SERVE["body_timeout"], metavar="S",
+                   help=f"seconds a request may take to send its body (default {SERVE['body_timeout']:g})")
+    p.add_argument("--max-connections", type=int, default=SERVE["max_connections"], metavar="N",
+                   help="open connections allowed (default: below the process's file-descriptor limit); more are "
+                        "closed at once")
+    p.add_argument("--max-n", type=int, default=SERVE["max_n"], metavar="N",
+                   help=f"choices one request may ask for with n (default {SERVE['max_n']})")
     p.add_argument("--no-cross-request", action="store_true",
                    help="no answer store: earlier requests' answers never draft for later ones (docs/runtime.md)")
     p.set_defaults(func=_serve)
@@ -48,6 +69,10 @@ def register(subparsers) -> None:
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--stats", action="store_true", help="print acceptance and tok/s after each reply (to stderr)")
     c.set_defaults(func=_chat)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 def _serve(args) -> int:

@@ -13,15 +13,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from edgespec.serve import tools
+from edgespec.serve import llama_fields, tools
 from edgespec.serve.errors import APIError  # noqa: F401  (re-exported: protocol.APIError)
 
 MAX_STOP = 4          # as OpenAI: up to 4 stop sequences
+MAX_TOP_LOGPROBS = 20     # as OpenAI's chat route (the completions route allows 5; this server 20 on both)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 # Fields a client may send whose only honourable values are these (OpenAI's defaults).
 _DEFAULT_ONLY = {
-    "n": (1,), "logprobs": (False, None), "top_logprobs": (None, 0), "functions": (None, []),
+    "functions": (None, []),
     "function_call": (None, "none"), "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "store": (None, False),
     "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
@@ -29,10 +30,10 @@ _DEFAULT_ONLY = {
     "service_tier": (None, "auto", "default"),
 }
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options",
-           "user", "metadata"}
+           "user", "metadata", "parse_special", "n"} | llama_fields.FIELDS
 # structured output and tools: serve/tools.py
 STRUCTURED_FIELDS = {"response_format", "tools", "tool_choice", "parallel_tool_calls"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"} | STRUCTURED_FIELDS | \
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"} | STRUCTURED_FIELDS | \
     (set(_DEFAULT_ONLY) - {"echo", "best_of", "suffix"})
 COMPLETION_FIELDS = _COMMON | {"prompt", "n", "logprobs", "echo", "best_of", "suffix", "presence_penalty",
                                "frequency_penalty", "logit_bias"}
@@ -55,6 +56,10 @@ class Request:
     tools: list = field(default_factory=list)
     tool_choice: str = "none"             # auto | none | required | a function's name
     parallel_tool_calls: bool = False     # only an explicit true allows more than one call
+    parse_special: bool = False           # special-token text in messages read as control tokens (opt-in)
+    n: int = 1                            # choices: n generations one after another
+    logprobs: int | None = None           # None: none; k: each token's logprob and its k most likely
+    not_applied: dict = field(default_factory=dict)   # field -> why (the response's edgespec.not_applied)
 
 
 def _bad(message: str, param: str, code: str | None = None) -> APIError:
@@ -84,16 +89,29 @@ def _short(v) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
-def _common(body: dict, model: str, kind: str, prompt) -> Request:
+def _common(body: dict, model: str, kind: str, prompt, strict_model: bool = False) -> Request:
     m = body.get("model")
-    if m is None:
-        raise _bad("you must provide a model parameter", "model")
-    if not isinstance(m, str):
+    if m is not None and not isinstance(m, str):
         raise _bad(f"'model' must be a string, got {type(m).__name__}", "model")
-    if m != model:
+    if strict_model and m is None:          # else any name, or none, is the served bundle (llama-server, Ollama)
+        raise _bad("you must provide a model parameter", "model")
+    if strict_model and m != model:
         raise APIError(404, f"The model '{_short(m)[1:-1]}' does not exist; this server serves '{model}'",
                        param="model", code="model_not_found")
-    req = Request(kind=kind, prompt=prompt, max_tokens=_max_tokens(body, kind))
+    honoured, not_applied = llama_fields.honour(body)
+    req = Request(kind=kind, prompt=prompt, max_tokens=_max_tokens(body, kind), not_applied=not_applied,
+                  response_format=honoured.get("constraint"))
+    if "max_tokens" in honoured and req.max_tokens is None:
+        req.max_tokens = honoured["max_tokens"]
+    special = body.get("parse_special")
+    if special is not None and not isinstance(special, bool):
+        raise _bad(f"'parse_special' must be a boolean, got {_short(special)}", "parse_special")
+    req.parse_special = bool(special)
+    n = body.get("n")
+    if n is not None:
+        if not _is_int(n) or n < 1:
+            raise _bad(f"'n' must be an integer >= 1, got {_short(n)}", "n")
+        req.n = n
     t = body.get("temperature")
     if t is not None:
         if not _is_number(t) or not 0.0 <= t <= 2.0:
@@ -179,7 +197,7 @@ def _opening(body, allowed: set[str], key: str):
     return value
 
 
-def parse_chat(body, model: str) -> Request:
+def parse_chat(body, model: str, strict_model: bool = False) -> Request:
     msgs = _opening(body, CHAT_FIELDS, "messages")
     if not isinstance(msgs, list):
         raise _bad(f"'messages' must be an array of message objects, got {type(msgs).__name__}", "messages")
@@ -187,14 +205,25 @@ def parse_chat(body, model: str) -> Request:
         raise _bad("'messages' must not be empty", "messages")
     messages = [_message(m, i) for i, m in enumerate(msgs)]
     tools.check_history(messages)
-    req = _common(body, model, "chat", messages)
-    req.response_format = tools.check_response_format(body.get("response_format"))
+    req = _common(body, model, "chat", messages, strict_model)
+    asked = tools.check_response_format(body.get("response_format"))
+    if asked and req.response_format:
+        raise _bad("give 'response_format' or llama.cpp's 'json_schema'/'grammar', not both", "response_format")
+    req.response_format = asked or req.response_format
     req.tools = tools.check_tools(body.get("tools"))
     req.tool_choice = tools.check_tool_choice(body.get("tool_choice"), req.tools)
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise _bad(f"'parallel_tool_calls' must be a boolean, got {_short(parallel)}", "parallel_tool_calls")
     req.parallel_tool_calls = parallel is True      # unset: one call (llama-server's default; serve/tools.py)
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if lp is not None and not isinstance(lp, bool):
+        raise _bad(f"'logprobs' must be a boolean, got {_short(lp)}", "logprobs")
+    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise _bad(f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}], got {_short(top)}", "top_logprobs")
+    if top and not lp:
+        raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    req.logprobs = (top or 0) if lp else None
     return req
 
 
@@ -223,7 +252,7 @@ def _message(m, i: int) -> dict:
     return dict(extra, role=ROLES[role], content=content)
 
 
-def parse_completion(body, model: str) -> Request:
+def parse_completion(body, model: str, strict_model: bool = False) -> Request:
     p = _opening(body, COMPLETION_FIELDS, "prompt")
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]                           # a batch of one prompt
@@ -235,7 +264,15 @@ def parse_completion(body, model: str) -> Request:
         raise _bad(f"'prompt' must be a string or a list of token ids, got {type(p).__name__}", "prompt")
     if not p:
         raise _bad("'prompt' must not be empty", "prompt")
-    return _common(body, model, "completion", p)
+    req = _common(body, model, "completion", p, strict_model)
+    if req.parse_special:
+        raise _bad("'parse_special' is for chat messages: a completion prompt is read as written", "parse_special")
+    lp = body.get("logprobs")                 # the completions route's form: the number of alternatives
+    if lp is not None and (not _is_int(lp) or not 0 <= lp <= MAX_TOP_LOGPROBS):
+        raise _bad(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), got "
+                   f"{_short(lp)}", "logprobs")
+    req.logprobs = lp
+    return req
 
 
 # ---------------------------------------------------------------------------------- responses
@@ -252,26 +289,27 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def full_body(req: Request, rid: str, model: str, text: str, reason: str, use: dict, ext: dict) -> dict:
+def choice_body(req: Request, index: int, text: str, reason: str, logprobs: dict | None = None) -> dict:
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                  "logprobs": None, "finish_reason": reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice],
+        return {"index": index, "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": logprobs, "finish_reason": reason}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+
+def full_body(req: Request, rid: str, model: str, choices: list[dict], use: dict, ext: dict) -> dict:
+    obj = "chat.completion" if req.kind == "chat" else "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": choices,
             "usage": use, "system_fingerprint": None, "edgespec": ext}
 
 
 def chunk_body(req: Request, rid: str, model: str, created: int, text: str | None, reason: str | None = None,
-               first: bool = False) -> dict:
+               first: bool = False, index: int = 0, logprobs: dict | None = None) -> dict:
     if req.kind == "chat":
         delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text is not None else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
             "system_fingerprint": None}

@@ -6,6 +6,8 @@ process exits 0.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import signal
 import sys
@@ -20,6 +22,19 @@ from edgespec.serve.worker import Worker
 
 class ServeError(EdgespecError):
     """Bad server settings (port, queue size, key...)."""
+
+
+class NoticeFilter(logging.Filter):
+    """uvicorn's own log lines (a malformed request, a failed bind) as counted one-line notices
+    (connections.Notices: one line a second at most, no tracebacks)."""
+
+    def __init__(self, notices):
+        super().__init__()
+        self.notices = notices
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.notices.note(" ".join(record.getMessage().split())[:200])
+        return False
 
 
 def make_decoder(bundle, args, defer_drafter: bool = True) -> SpeculativeDecoder:
@@ -38,11 +53,14 @@ def make_decoder(bundle, args, defer_drafter: bool = True) -> SpeculativeDecoder
 def check_args(args) -> None:
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port must be in [0, 65535], got {args.port}")
-    for name in ("max_queue", "max_tokens_cap", "max_body"):
+    for name in ("max_queue", "max_tokens_cap", "max_body", "max_n"):
         if getattr(args, name) < 1:
             raise ServeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not args.timeout > 0:
-        raise ServeError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    for name in ("timeout", "header_timeout", "body_timeout"):
+        if not getattr(args, name) > 0:
+            raise ServeError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")
+    if args.max_connections is not None and args.max_connections < 1:
+        raise ServeError(f"--max-connections must be >= 1, got {args.max_connections}")
     if args.api_key is not None and not args.api_key.strip():
         raise ServeError("--api-key (or EDGESPEC_API_KEY) must not be empty")
 
@@ -51,6 +69,7 @@ def serve(args) -> int:
     try:  # lazy: the [serve] extra
         import uvicorn  # lazy: the [serve] extra
         from edgespec.serve.app import Settings, build_app  # lazy: the [serve] extra
+        from edgespec.serve.connections import Notices, default_max_connections, protocol_class  # lazy: uvicorn
     except ModuleNotFoundError as exc:
         raise ServeError(f"edgespec serve needs the [serve] extra ({exc.name} is missing): "
                          "pip install 'edgespec[serve]'") from None
@@ -60,16 +79,23 @@ def serve(args) -> int:
     dec = make_decoder(bundle, args, defer_drafter=False)
     name = args.model_name or bundle.path.name
     worker = Worker(dec, max_queue=args.max_queue)
-    settings = Settings(model=name, api_key=args.api_key, max_body=args.max_body,
-                        max_tokens_cap=args.max_tokens_cap, timeout=args.timeout)
-    app = build_app(worker, settings)
+    settings = Settings(model=name, api_key=args.api_key, max_body=args.max_body, max_tokens_cap=args.max_tokens_cap,
+                        timeout=args.timeout, strict_model=args.strict_model, host=args.host,
+                        allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_origins),
+                        header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                        max_connections=args.max_connections or default_max_connections(), max_n=args.max_n)
+    notices = Notices()
+    app = build_app(worker, settings, notices)
+    http = protocol_class(settings.header_timeout, settings.max_connections, notices)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=30, lifespan="off")
+                            timeout_graceful_shutdown=30, lifespan="off", http=http)
+    logging.getLogger("uvicorn.error").addFilter(NoticeFilter(notices))
     eps = ",".join(p.replace("ExecutionProvider", "") for p in dec.providers["target"][:1])
     strategy = f"{dec.strategy.name} (draft length {dec.config.draft_length})"
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
+            asyncio.get_running_loop().set_exception_handler(notices.loop_exception_handler)
             await super().startup(sockets)
             if self.should_exit or not getattr(self, "servers", None):
                 return

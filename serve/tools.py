@@ -23,7 +23,6 @@ import re
 
 from edgespec import jsonio
 from edgespec.errors import GenerationError
-from edgespec.runtime.bundle.chat import render_chat
 from edgespec.runtime.samplers.grammar import TOOL_CALL_JSON
 from edgespec.serve.calls import (CLOSE, OPEN, CallGuard, LooseCalls, ToolCallStream, made_calls,  # noqa: F401
                                   parse_tool_calls)
@@ -48,23 +47,31 @@ def check_response_format(rf) -> dict | None:
     kind = rf["type"]
     if kind == "text":
         return None
-    if kind == "json_object":
-        return {"response_format": {"type": "json_object"}}
+    if kind == "json_object":          # llama-server's way to ask for a schema: json_object + schema
+        schema = rf.get("schema")
+        if schema is None:
+            return {"response_format": {"type": "json_object"}}
+        return {"json_schema": _schema(schema, "response_format.schema")}
     if kind == "json_schema":
         spec = rf.get("json_schema")
+        if spec is None and "schema" in rf:    # llama-server's bare form {"type": "json_schema", "schema": ...}
+            return {"json_schema": _schema(rf["schema"], "response_format.schema")}
         if not isinstance(spec, dict):
             raise _bad("'response_format.json_schema' must be an object with 'name' and 'schema'",
                        "response_format.json_schema")
-        if not isinstance(spec.get("name"), str) or not _NAME.match(spec["name"]):
+        name = spec.get("name")
+        if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
             raise _bad("'response_format.json_schema.name' must be a string of a-z, A-Z, 0-9, _ and - (at most 64)",
                        "response_format.json_schema.name")
-        schema = spec.get("schema", {})
-        if not isinstance(schema, dict):
-            raise _bad("'response_format.json_schema.schema' must be a JSON schema object",
-                       "response_format.json_schema.schema")
-        return {"json_schema": schema}
+        return {"json_schema": _schema(spec.get("schema", {}), "response_format.json_schema.schema")}
     raise _bad(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
                "response_format.type")
+
+
+def _schema(schema, param: str) -> dict:
+    if not isinstance(schema, dict):
+        raise _bad(f"'{param}' must be a JSON schema object", param)
+    return schema
 
 
 def check_tools(tools) -> list[dict]:
@@ -121,7 +128,7 @@ def check_message(m: dict, where: str) -> dict:
     turn) checked, any other key but role and content refused unless null (a client that sends back the
     message it got sends `refusal: null`); the template gets `arguments` as an object."""
     role = m.get("role")
-    allowed = {"role", "content"} | ({"tool_calls"} if role == "assistant" else set()) | \
+    allowed = {"role", "content", "name"} | ({"tool_calls"} if role == "assistant" else set()) | \
         ({"tool_call_id"} if role == "tool" else set())
     for key in m:
         if key not in allowed and m[key] is not None:
@@ -129,6 +136,8 @@ def check_message(m: dict, where: str) -> dict:
                            "'role' and 'content'; tool results 'tool_call_id', assistant turns 'tool_calls')",
                            param=f"{where}.{key}", code="unsupported_parameter")
     out = {"role": role}
+    if m.get("name") is not None and not isinstance(m["name"], str):     # accepted (agent frameworks send it)
+        raise _bad(f"'{where}.name' must be a string", f"{where}.name")
     if role == "tool":
         if not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]:
             raise _bad(f"'{where}.tool_call_id' is required for role 'tool' (the id of the call it answers)",
@@ -179,19 +188,13 @@ def template_takes_tools(template: str | None) -> bool:
     return bool(template) and re.search(r"\btools\b", template) is not None
 
 
-def encode_chat(dec, messages: list[dict], tools: list[dict]) -> list[int]:
-    """Target ids of the conversation rendered with `tools` (as decoder.encode_prompt(chat=True) does
-    without them)."""
-    b = dec.bundle.target
-    tok = b.tokenizer
+def encode_chat(dec, messages: list[dict], tools: list[dict], parse_special: bool = False) -> list[int]:
+    """Target ids of the conversation rendered with `tools` (decoder.encode_prompt: message content
+    never becomes control tokens unless `parse_special`)."""
     if tools and not template_takes_tools(dec.bundle.chat_template):
         raise _bad("this model's chat template has no tool support (it never reads 'tools'); use a model whose "
                    "template takes tools, e.g. Qwen2.5", "tools")
-    bos = tok.id_to_token(b.bos_id) if b.bos_id is not None else ""
-    eos = tok.id_to_token(b.eos_ids[0]) if b.eos_ids else ""
-    text = render_chat(dec.bundle.require_chat_template(), messages, bos_token=bos or "", eos_token=eos or "",
-                       tools=tools or None)
-    return tok.encode(text, add_special_tokens=False).ids
+    return dec.encode_prompt(messages, chat=True, tools=tools or None, parse_special=parse_special)
 
 
 # ---------------------------------------------------------------------------------- the grammar

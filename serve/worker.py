@@ -37,6 +37,7 @@ class Outcome:
     completion_tokens: int
     stop_reason: str              # eos | stop | length | disconnect | timeout | shutdown | interrupted
     ext: dict                     # the response's "edgespec" object
+    logprobs: list | None = None  # the target's TokenLogprob per token (GenerationResult.logprobs)
 
 
 class Job:
@@ -193,7 +194,8 @@ class Worker:
                **{k: getattr(st, k) for k in EXT_COUNTS}}
         self.last = {"stop_reason": reason, "completion_tokens": len(res.token_ids), "total_ms": st.total_ms}
         return "done", Outcome(text=text, prompt_tokens=len(res.prompt_token_ids),
-                               completion_tokens=len(res.token_ids), stop_reason=reason, ext=ext)
+                               completion_tokens=len(res.token_ids), stop_reason=reason, ext=ext,
+                               logprobs=getattr(res, "logprobs", None))
 
     @staticmethod
     def _drain(job: Job, stream) -> None:
@@ -204,13 +206,19 @@ class Worker:
             if i >= DRAIN_ROUNDS or job.cancelled.is_set() or time.monotonic() >= job.deadline:
                 return
 
-    @staticmethod
-    def _drive(job: Job, stream, guard) -> str | None:
-        """Iterate one generation, posting its deltas (through the guard); the reason it was cut short,
-        None if it ended by itself."""
+    def _drive(self, job: Job, stream, guard) -> str | None:
+        """Iterate one generation, posting its deltas (through the guard) and, asked for, the log-probabilities
+        of the tokens committed since the last delta (before it); the reason it was cut short, None if it
+        ended by itself."""
+        posted = 0
+        logprobs = job.deltas and job.settings.get("logprobs") is not None
         for delta in stream:
             if guard is not None:
                 delta = guard.feed(delta)
+            if logprobs and delta:
+                entries = self.dec.last_generation.logprobs
+                job.post("logprobs", list(entries[posted:]))
+                posted = len(entries)
             if job.deltas and delta:
                 job.post("delta", delta)
             if guard is not None and guard.done:     # a repeated tool call: the answer ends before it

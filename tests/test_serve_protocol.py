@@ -38,8 +38,7 @@ def test_defaults_and_accepted_fields():
     assert parse_completion({"model": "m", "prompt": [1, 2, 3]}, "m").prompt == [1, 2, 3]
 
 
-@pytest.mark.parametrize("field,value", [("n", 2), ("logprobs", True), ("top_logprobs", 3),
-                                         ("functions", [{"name": "f"}]), ("presence_penalty", 0.5),
+@pytest.mark.parametrize("field,value", [("functions", [{"name": "f"}]), ("presence_penalty", 0.5),
                                          ("frequency_penalty", 1), ("logit_bias", {"1": 5}), ("audio", {}),
                                          ("store", True)])
 def test_unsupported_fields_are_refused_by_name(field, value):
@@ -53,7 +52,10 @@ def test_unsupported_fields_are_refused_by_name(field, value):
                                          ("top_p", 1.5), ("top_k", -1), ("seed", -5), ("seed", "1"), ("stop", 3),
                                          ("stop", [""]), ("stop", ["a"] * 5), ("stop", {"a": 1}),
                                          ("stream", 1), ("user", 5), ("metadata", []), ("model", 3),
-                                         ("whatever", 1)])
+                                         ("whatever", 1), ("n", 0), ("n", "2"), ("logprobs", 1),
+                                         ("top_logprobs", 21), ("n_predict", 0), ("n_predict", "5"),
+                                         ("cache_prompt", "yes"), ("parse_special", 1), ("grammar", 5),
+                                         ("grammar", "root ::= ("), ("json_schema", [])])
 def test_wrong_types_and_values_name_the_field(field, value):
     err = refused(chat, field, **{field: value})
     assert field in err.message
@@ -71,11 +73,18 @@ def test_messages_and_prompts():
             "messages[0].content")
     refused(lambda: parse_chat({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "m"),
             "messages[0].content")
-    refused(lambda: parse_chat({"model": "m", "messages": [{"role": "user", "content": "x", "name": "bob"}]}, "m"),
+    refused(lambda: parse_chat({"model": "m", "messages": [{"role": "user", "content": "x", "name": 5}]}, "m"),
             "messages[0].name")
+    refused(lambda: parse_chat({"model": "m", "messages": [{"role": "user", "content": "x", "weight": 1}]}, "m"),
+            "messages[0].weight")
     refused(lambda: parse_chat([1], "m"), None)
-    refused(lambda: parse_chat({"model": "other", "messages": MSGS}, "m"), "model", status=404)
-    refused(lambda: parse_chat({"messages": MSGS}, "m"), "model")
+    refused(lambda: parse_chat({"model": "other", "messages": MSGS}, "m", strict_model=True), "model", status=404)
+    refused(lambda: parse_chat({"messages": MSGS}, "m", strict_model=True), "model")
+    refused(lambda: chat(top_logprobs=2), "top_logprobs")
+    refused(lambda: chat(json_schema={"type": "object"}, response_format={"type": "json_object"}), "response_format")
+    refused(lambda: chat(json_schema={"type": "object"}, grammar='root ::= "a"'), "grammar")
+    refused(lambda: parse_completion({"model": "m", "prompt": "x", "parse_special": True}, "m"), "parse_special")
+    refused(lambda: parse_completion({"model": "m", "prompt": "x", "logprobs": True}, "m"), "logprobs")
     refused(lambda: chat(stream_options={"include_usage": True}), "stream_options")
     refused(lambda: chat(stream=True, stream_options={"include_usage": 1}), "stream_options")
     refused(lambda: chat(max_tokens=5, max_completion_tokens=6), "max_tokens")
@@ -120,3 +129,41 @@ def test_structured_output_and_tool_fields_accepted():
     r = parse_chat({"model": "m", "messages": msgs}, "m")
     assert r.prompt[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1} and r.prompt[1]["content"] == ""
     assert r.prompt[2] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
+
+
+def test_any_model_name_or_none_serves_the_bundle():
+    """llama-server and Ollama serve the loaded model whatever the name: scripts send gpt-3.5-turbo or nothing."""
+    for body in ({"messages": MSGS}, {"model": "gpt-3.5-turbo", "messages": MSGS}, {"model": "", "messages": MSGS}):
+        assert parse_chat(body, "m").prompt == [{"role": "user", "content": "hi"}]
+    assert parse_completion({"prompt": "x"}, "m").prompt == "x"
+
+
+def test_llama_server_fields_are_honoured_or_reported():
+    r = chat(n_predict=7, cache_prompt=True, repeat_penalty=1.0, mirostat=0, ignore_eos=False, samplers=["top_k"])
+    assert r.max_tokens == 7 and r.not_applied == {}
+    assert chat(n_predict=-1).max_tokens is None and chat(n_predict=3, max_tokens=5).max_tokens == 5
+    r = chat(repeat_penalty=1.3, mirostat=2, ignore_eos=True, cache_prompt=False)
+    assert set(r.not_applied) == {"repeat_penalty", "mirostat", "ignore_eos", "cache_prompt"}
+    assert all(isinstance(v, str) and v for v in r.not_applied.values())
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert chat(json_schema=schema).response_format == {"json_schema": schema}
+    assert parse_completion({"prompt": "x", "json_schema": schema}, "m").response_format == {"json_schema": schema}
+    assert chat(response_format={"type": "json_object", "schema": schema}).response_format == {"json_schema": schema}
+    assert chat(response_format={"type": "json_schema", "schema": schema}).response_format == {"json_schema": schema}
+    assert chat(response_format={"type": "json_schema", "json_schema": {"schema": schema}}).response_format == \
+        {"json_schema": schema}
+    lark = chat(grammar='root ::= "yes" | "no"').response_format["grammar"]
+    assert "yes" in lark and "no" in lark
+    r = parse_chat({"messages": [{"role": "user", "content": "x", "name": "bob"},
+                                 {"role": "assistant", "content": "y", "name": "helper"}]}, "m")
+    assert [m["content"] for m in r.prompt] == ["x", "y"]
+
+
+def test_n_and_logprobs_fields():
+    assert (chat().n, chat().logprobs) == (1, None)
+    assert chat(n=3).n == 3
+    assert chat(logprobs=True).logprobs == 0 and chat(logprobs=True, top_logprobs=5).logprobs == 5
+    assert chat(logprobs=False, top_logprobs=0).logprobs is None
+    assert parse_completion({"prompt": "x", "logprobs": 3}, "m").logprobs == 3
+    assert parse_completion({"prompt": "x", "logprobs": 0}, "m").logprobs == 0
+    assert chat(parse_special=True).parse_special is True and chat().parse_special is False

@@ -30,7 +30,8 @@ from edgespec.runtime.bundle.bundle import Bundle
 from edgespec.runtime.api.checks import DEFAULT_MAX_NEW_TOKENS, check_generation_args
 from edgespec.runtime.api.config import (DEFAULT_DRAFT_LENGTH, DEFAULT_STRATEGY, DecodeConfig, check_decoder_settings,
                                      checked_config, with_deprecated)
-from edgespec.runtime.bundle.chat import as_messages, render_chat
+from edgespec.runtime.bundle.chat import as_messages
+from edgespec.runtime.bundle.chat_tokens import encode_chat
 from edgespec.runtime.planning.device_profile import plan_for
 from edgespec.runtime.engine.sessions import run_errors
 from edgespec.runtime.planning.device_plan import DevicePlanning
@@ -156,15 +157,21 @@ class SpeculativeDecoder:
         return self.shared.providers(with_drafter=self.drafter is not None)
 
     # ------------------------------------------------------------------ prompts
-    def encode_prompt(self, prompt, chat: bool = False) -> list[int]:
-        """Target token ids for a str prompt (or chat messages), or a validated list of ids."""
+    def encode_prompt(self, prompt, chat: bool = False, tools: list[dict] | None = None,
+                      parse_special: bool = False) -> list[int]:
+        """Target token ids for a str prompt (or chat messages, `tools` given to the template), or a
+        validated list of ids. Special-token text inside a message's content stays plain text unless
+        `parse_special` (runtime/bundle/chat_tokens.py); a str prompt without chat is read as written."""
         tok = self.bundle.target.tokenizer
         if chat:
             b = self.bundle.target
             bos = tok.id_to_token(b.bos_id) if b.bos_id is not None else ""
             eos = tok.id_to_token(b.eos_ids[0]) if b.eos_ids else ""
-            text = render_chat(self.bundle.require_chat_template(), as_messages(prompt), bos_token=bos or "", eos_token=eos or "")
-            ids = tok.encode(require_text(text, "chat text"), add_special_tokens=False).ids
+            messages = as_messages(prompt)
+            for m in messages:
+                require_text(m["content"], f"a {m['role']} message")
+            ids = encode_chat(tok, self.bundle.require_chat_template(), messages, bos_token=bos or "",
+                              eos_token=eos or "", tools=tools, parse_special=parse_special)
         elif isinstance(prompt, str):
             if not prompt:
                 raise GenerationError("empty prompt")

@@ -31,6 +31,8 @@ llguidance (Rust, no torch, ~8 MB) comes with the `[serve]` extra (and `[grammar
 """
 from __future__ import annotations
 
+import re
+
 import time
 from dataclasses import dataclass
 
@@ -191,8 +193,16 @@ class GrammarTokenizer:
             raise GenerationError(f"{constraint.kind.replace('_', ' ')} is not supported or invalid: {_one_line(err)}")
 
     def start(self, constraint: Constraint) -> "GrammarState":
+        """A matcher at the output's start; a constraint that admits no output at all (a schema that only
+        refers to itself: llguidance compiles it, then allows nothing but the end) is refused here."""
         self.check(constraint)
-        return GrammarState(self, constraint)
+        state = GrammarState(self, constraint)
+        state.allowed()
+        if state.matcher.is_error():
+            stop = re.search(r"Stop: (\w+)", state.matcher.get_error() or "")
+            raise GenerationError(f"{constraint.kind.replace('_', ' ')} admits no output"
+                                  f"{f' (llguidance: {stop.group(1)})' if stop else ''}: it allows no first token")
+        return state
 
 
 def start_constraint(bundle, holder, response_format=None, json_schema=None, regex=None,
