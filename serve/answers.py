@@ -24,14 +24,36 @@ def decode_body(raw: bytes):
         body = jsonio.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise APIError(400, f"the request body holds a lone UTF-16 surrogate (U+{ord(exc.object[exc.start]):04X}) in "
-                            "a string: JSON text must be valid Unicode", code="invalid_json") from None
-    except (ValueError, RecursionError) as exc:
-        raise APIError(400, f"the request body cannot be read: {exc}", code="invalid_json") from None
+    found = _first_surrogate(body)
+    if found is not None:
+        where, ch = found
+        raise APIError(400, f"'{where or 'body'}' holds a lone UTF-16 surrogate (U+{ch:04X}): JSON text must be valid "
+                            "Unicode", param=where or None, code="invalid_json")
     return body
+
+
+def _first_surrogate(body) -> tuple[str, int] | None:
+    """(the field's path, the code point) of the first string (key or value) that is not Unicode."""
+    stack = [("", body)]
+    while stack:
+        path, x = stack.pop()
+        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+        for k, v in items:
+            here = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
+            for text in ((k, v) if isinstance(k, str) else (v,)):
+                if isinstance(text, str):
+                    try:
+                        text.encode("utf-8")
+                    except UnicodeEncodeError as exc:
+                        return here, ord(text[exc.start])
+            if isinstance(v, (dict, list)):
+                stack.append((here, v))
+    if isinstance(body, str):
+        try:
+            body.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return "", ord(body[exc.start])
+    return None
 
 
 # ---------------------------------------------------------------------------------- tool calls

@@ -18,7 +18,7 @@ def register(subparsers) -> None:
                     "/v1/completions and /v1/responses (plain and streamed; each also without /v1), GET /health. "
                     "One decoder serves the requests one at a time, first come first served.")
     add_decoder_arguments(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--host", default=SERVE["host"], help=f"address to bind (default {SERVE['host']}: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=SERVE["api_key"], metavar="KEY",
                    help="require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every route but /health "

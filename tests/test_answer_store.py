@@ -221,7 +221,7 @@ def test_the_server_scopes_the_store_by_key_and_can_turn_it_off(self_bundle):
     dec = SpeculativeDecoder(self_bundle, strategy="ngram", draft_length=4, threads=1)
     worker = Worker(dec)
     try:
-        client = starlette.TestClient(build_app(worker, Settings(model="m", api_key="k1")))
+        client = starlette.TestClient(build_app(worker, Settings(model="m", api_key="k1")), base_url="http://127.0.0.1")
         r = client.post("/v1/completions", json={"model": "m", "prompt": PROMPT, "max_tokens": 8},
                         headers={"Authorization": "Bearer k1"})
         assert r.status_code == 200, r.text
