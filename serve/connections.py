@@ -6,8 +6,10 @@ holds a socket (and a file descriptor) as long as it likes, and once descriptors
 fails and is logged with a traceback. `protocol_class` is uvicorn's h11 protocol with
 - a header timeout: from the connection's start (or the previous response's end) to the end of the
   request's headers; past it the connection is closed;
-- a connection bound (`default_max_connections`: below the process's descriptor limit): a connection
-  past it is closed at once, so accept itself never runs out of descriptors;
+- a connection bound (`default_max_connections`: below the process's descriptor limit), so accept
+  itself never runs out of descriptors: past it, the connection that has waited longest for its
+  headers is closed to make room (a slow-header flood cannot keep a quick client out), or, where every
+  open connection is busy with a request, the new one;
 and `Notices` turns these and the event loop's own errors into one counted line a second at most.
 The body's own time limit is the app's (serve/app.py, read_json).
 """
@@ -71,6 +73,8 @@ def protocol_class(header_timeout: float, max_connections: int, notices: Notices
     """uvicorn's H11Protocol with the header timeout and the connection bound (module docstring)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol  # lazy: the [serve] extra
 
+    waiting: dict = {}            # connections waiting for a request's headers, oldest first
+
     class GuardedH11Protocol(H11Protocol):
         _header_timer = None
         _waiting_cycle = None
@@ -78,23 +82,32 @@ def protocol_class(header_timeout: float, max_connections: int, notices: Notices
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > max_connections:
-                notices.note(f"connections refused (over {max_connections} open)", self.loop)
-                transport.abort()
-                return
+                oldest = next(iter(waiting), None)
+                if oldest is None:
+                    notices.note(f"connections refused (over {max_connections} open, all busy)", self.loop)
+                    transport.abort()
+                    return
+                notices.note(f"connections closed to make room (over {max_connections} open, headers pending)",
+                             self.loop)
+                oldest._disarm()
+                oldest.transport.abort()
             self._arm()
 
         def _arm(self) -> None:
             self._disarm()
             self._waiting_cycle = self.cycle      # the headers are in once a new cycle exists
             self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
+            waiting[self] = None
 
         def _disarm(self) -> None:
+            waiting.pop(self, None)
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
 
         def _headers_too_slow(self) -> None:
             self._header_timer = None
+            waiting.pop(self, None)
             if self._between_requests() and self.cycle is self._waiting_cycle and not self.transport.is_closing():
                 notices.note(f"connections closed (headers not complete within {header_timeout:g} s)", self.loop)
                 self.transport.abort()

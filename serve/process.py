@@ -5,6 +5,7 @@ server (`--port 0`) and read from its one startup line.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -17,11 +18,18 @@ from edgespec.errors import EdgespecError
 class ServeProcess:
     """`python -m edgespec serve --bundle B --port 0 ARGS...`, started and waited for; `url` once ready."""
 
-    def __init__(self, bundle: str | Path, *args: str, env: dict | None = None, startup_s: float = 180):
+    def __init__(self, bundle: str | Path, *args: str, env: dict | None = None, startup_s: float = 180,
+                 max_open_files: int | None = None):
+        """`max_open_files`: the child's descriptor limit (RLIMIT_NOFILE), as a small machine's would be."""
         cmd = [sys.executable, "-m", "edgespec", "serve", "--bundle", str(bundle), "--port", "0", *args]
         self.args = args
+
+        def limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, **(env or {})))
+                                     env=dict(os.environ, **(env or {})),
+                                     preexec_fn=limit if max_open_files else None)
         self.lines: list[str] = []
         ready = threading.Event()
 
