@@ -28,6 +28,8 @@ from edgespec.errors import EdgespecError
 from edgespec.serve import answers, protocol, tools
 from edgespec.serve.errors import APIError
 from edgespec.serve.guard import RequestGuard
+from edgespec.serve.responses import ResponseMemory
+from edgespec.serve.responses_route import respond
 from edgespec.serve.settings import Settings
 from edgespec.serve.worker import Job, Worker
 
@@ -58,6 +60,7 @@ class Api:
         self.worker, self.settings, self.dec = worker, settings, worker.dec
         self.context = self.dec.bundle.target.max_position
         self.notices = notices
+        self.memory = ResponseMemory()      # finished responses, for previous_response_id (serve/responses.py)
 
     # ------------------------------------------------------------------ reading a request
     def api_key(self, request: Request) -> str | None:
@@ -248,7 +251,6 @@ def build_app(worker: Worker, settings: Settings, notices=None) -> RequestGuard:
         return await complete(request, "completion")
 
     async def responses(request: Request):
-        from edgespec.serve.responses_route import respond   # the Responses API (serve/responses.py)
         return await respond(api, request)
 
     async def health(request: Request):
