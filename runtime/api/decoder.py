@@ -41,6 +41,7 @@ from edgespec.runtime.planning.records import step_plan
 from edgespec.runtime.api.shared import Setup
 from edgespec.runtime.api.generation import Generation
 from edgespec.runtime.samplers.coupled import RaceNoise
+from edgespec.runtime.samplers.logprobs import check_top
 from edgespec.runtime.samplers.sampling import make_rng
 from edgespec.runtime.api.stats import GenerationStats
 from edgespec.runtime.round.strategies import choose_auto, for_bundle, get_strategy
@@ -52,6 +53,7 @@ class GenerationResult:
     token_ids: list[int]
     stats: GenerationStats
     prompt_token_ids: list[int] = field(default_factory=list)
+    logprobs: list | None = None      # TokenLogprob per token id, where asked (runtime/samplers/logprobs.py)
 
     @property
     def finish_reason(self) -> str:
@@ -234,11 +236,14 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ the loop
     def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, min_p=None, incremental=True,
-             jump_forward: bool = True, draft_scope: str | None = None, **constraint):
+             jump_forward: bool = True, draft_scope: str | None = None, logprobs: int | None = None, **constraint):
         """The generator behind generate() and stream(). With incremental=False (generate without stop
-        strings) the text is decoded once at the end instead of after every round."""
+        strings) the text is decoded once at the end instead of after every round. `logprobs` (None, or
+        the alternatives per token, 0..20): the target's log-probability of each token, in the result's
+        `logprobs`; while streaming, `last_generation.logprobs` holds those of the tokens so far."""
         t_start = time.perf_counter()
         params, stops = check_generation_args(max_new_tokens, temperature, top_k, top_p, seed, stop, min_p)
+        logprobs = check_top(logprobs)
         grammar = self.grammar_state(**constraint)       # a bad constraint fails here, before any model runs
         prompt_ids = self.encode_prompt(prompt, chat)
         limit = self.target.max_position
@@ -258,7 +263,8 @@ class SpeculativeDecoder:
             seed = secrets.randbits(63)
         gen = Generation(self.shared, dec.setup, step, prompt_ids, params, make_rng(seed), int(max_new_tokens), t_start,
                          propose=draft_randomised if randomised else None, grammar=grammar,
-                         jump_forward=bool(jump_forward), scope=draft_scope, noise=RaceNoise(seed) if coupled else None)
+                         jump_forward=bool(jump_forward), scope=draft_scope, noise=RaceNoise(seed) if coupled else None,
+                         logprobs=logprobs)
         self.last_generation = gen           # its state, open to inspection (drafter context, grammar)
         text_state = TextState(self.bundle.target.tokenizer, stops)
         reason, finished, kv_ids = "interrupted", False, None
@@ -272,6 +278,7 @@ class SpeculativeDecoder:
                 if text_state.stopped_at is not None:
                     kv_ids = prompt_ids + gen.generated            # the KV holds tokens past the stop
                     del gen.generated[text_state.stopped_at:]
+                    gen.trim_logprobs()
                 delta = text_state.take(final=reason is not None)
                 if delta:
                     yield delta
@@ -292,4 +299,5 @@ class SpeculativeDecoder:
             if gen.id == self.shared.generation:   # a superseded stream must not overwrite a newer result
                 self.last_result = GenerationResult(
                     text=text_state.emitted if reason is None else text_state.final_text,
-                    token_ids=list(gen.generated), stats=gen.stats, prompt_token_ids=prompt_ids)
+                    token_ids=list(gen.generated), stats=gen.stats, prompt_token_ids=prompt_ids,
+                    logprobs=None if gen.logprobs is None else list(gen.logprobs))

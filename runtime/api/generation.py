@@ -17,6 +17,7 @@ from edgespec.errors import GenerationError
 from edgespec.runtime.samplers.answer_store import check_scope
 from edgespec.runtime.samplers.coupled import RaceNoise, race_pick
 from edgespec.runtime.round.context import DrafterContext, DrafterWindow
+from edgespec.runtime.samplers.logprobs import token_logprobs
 from edgespec.runtime.samplers.grammar import GrammarState, mask_distribution, mask_logits, masked_greedy
 from edgespec.runtime.samplers.lookup import DEFAULT_MAX_N, json_string_view
 from edgespec.runtime.planning.records import GenerationRecord, StepPlan
@@ -35,7 +36,7 @@ class Generation:
     def __init__(self, shared, setup, step: StepPlan, prompt_ids: list[int], params: SamplingParams,
                  rng: np.random.Generator, max_new_tokens: int, started: float | None = None,
                  propose: Callable | None = None, grammar: GrammarState | None = None, jump_forward: bool = True,
-                 scope: str | None = None, noise: RaceNoise | None = None):
+                 scope: str | None = None, noise: RaceNoise | None = None, logprobs: int | None = None):
         self.draft_scope = check_scope(scope)   # the answer store's partition this call reads and records into
         shared.generation += 1
         self.shared, self.setup = shared, setup
@@ -64,6 +65,10 @@ class Generation:
         self.drafter_reached = self.drafter_accepted = 0     # the drafter's rounds' positions (record())
         self.lookup_max_n = int(cfg.options.get("ngram_max_n", DEFAULT_MAX_N))
         self.generated: list[int] = []
+        # asked for: the target's TokenLogprob of each committed token, aligned with `generated`
+        # (runtime/samplers/logprobs.py); a streaming caller reads it after each delta
+        self.logprobs: list | None = [] if logprobs is not None else None
+        self.top_logprobs = logprobs or 0
         self.last = -1
         self.stats = GenerationStats(strategy=cfg.strategy.name, draft_length=cfg.gamma,
                                      draft_length_setting=cfg.draft_length if cfg.gamma else 0,
@@ -152,9 +157,12 @@ class Generation:
         logits = self.target.forward(self.prompt_ids[kept:], last=1, prefill_graph=on_twin)[-1]
         self.stats.prefill_ms += self.target.last_ms
         self.stats.target_forwards += 1
+        raw = logits
         if self.grammar is not None:
             logits = mask_logits(logits[None, :], [self.grammar.allowed()])[0]
         self.last = self.pick(logits)
+        if self.logprobs is not None:
+            self.logprobs += token_logprobs(raw[None, :], [self.last], self.top_logprobs)
         if self.grammar is not None:
             self.grammar.commit(0, self.last)
         if dc is not None:
@@ -220,9 +228,15 @@ class Generation:
         for i, t in enumerate(new):
             if t in self.shared.eos_ids:
                 self.generated.extend(new[:i + 1])
+                self.trim_logprobs()
                 return "eos"
         self.generated.extend(new)
         return "length" if len(self.generated) >= self.max_new_tokens else None
+
+    def trim_logprobs(self) -> None:
+        """The log-probabilities of the tokens kept, where `generated` was cut (EOS, a stop string)."""
+        if self.logprobs is not None:
+            del self.logprobs[len(self.generated):]
 
     # -- helpers for strategies
     def pick(self, logits_row: np.ndarray, offset: int = 0) -> int:

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from edgespec.runtime.samplers.grammar import mask_logits
+from edgespec.runtime.samplers.logprobs import token_logprobs
 from edgespec.runtime.samplers.lookup import lookup, with_store
 from edgespec.runtime.samplers.coupled import verify_coupled
 from edgespec.runtime.samplers.sampling import probabilities
@@ -65,16 +66,27 @@ def speculative_round(gen: "Generation", gamma: int, guess: bool = False) -> lis
     else:
         draft, accept = plain_step(gen, guess), accept_tokens
     # greedy and unconstrained, a round reads only each row's argmax: the graph's own, where it has one
-    greedy = gen.params.greedy and gen.grammar is None
+    # (unless the caller wants log-probabilities, which need the rows)
+    greedy = gen.params.greedy and gen.grammar is None and gen.logprobs is None
     try:
         logits = gen.target.forward([gen.last, *draft.tokens], pad=gen.step.pads(len(draft.tokens)), greedy=greedy)
     finally:                            # never leave a drafter forward running behind us
         draft.finish()
+    raw = logits
     if gen.grammar is not None:         # constrained decoding: verify against the constrained target
         logits = _constrain(gen, logits, draft.tokens)
     n_acc, t = accept(gen, logits, draft)
+    return _committed(gen, draft, n_acc, t, raw)
+
+
+def _committed(gen: "Generation", draft: Draft, n_acc: int, t: int, raw: np.ndarray) -> list[int]:
+    """Commit the round; the committed ids, their log-probabilities (logprobs.py) read off the raw verify
+    rows first where asked (the runner's output buffers are reused by the next forward)."""
+    new = [*draft.tokens[:n_acc], t]
+    if gen.logprobs is not None:
+        gen.logprobs += token_logprobs(raw, new, gen.top_logprobs)
     commit(gen, draft, n_acc, t)
-    return [*draft.tokens[:n_acc], t]
+    return new
 
 
 # --------------------------------------------------------------------------- constrained decoding (grammar.py)
@@ -92,10 +104,9 @@ def forced_round(gen: "Generation", forced: list[int]) -> list[int]:
     token-level drafter drafts on after them in the same round: draft_tokens.)"""
     draft = lookup_draft(gen, forced)
     draft.forced = len(forced)
-    logits = _constrain(gen, gen.target.forward([gen.last, *draft.tokens], pad=True), draft.tokens)
-    n_acc, t = accept_tokens(gen, logits, draft)
-    commit(gen, draft, n_acc, t)
-    return [*draft.tokens[:n_acc], t]
+    raw = gen.target.forward([gen.last, *draft.tokens], pad=True)
+    n_acc, t = accept_tokens(gen, _constrain(gen, raw, draft.tokens), draft)
+    return _committed(gen, draft, n_acc, t, raw)
 
 
 # --------------------------------------------------------------------------- token-level strategies
