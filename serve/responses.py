@@ -21,7 +21,8 @@ the field the client sent, not the chat one (messages[3].tool_call_id -> input[2
   effect on the text here (`reasoning`, `truncation: "auto"`, `text.verbosity`), accepted and reported
   in the response's `edgespec.not_applied`. Unknown fields: 400 `unrecognized_argument`, as on chat.
 
-The output side (the Response object, its streaming events, SSE): serve/response_events.py.
+The output side (the Response object, its streaming events, SSE): serve/response_events.py; the route:
+serve/responses_route.py.
 """
 from __future__ import annotations
 
@@ -160,10 +161,10 @@ def parse_responses(body, model: str, memory: "ResponseMemory") -> tuple[protoco
     req.not_applied.update(not_applied)
     choice = req.tool_choice if req.tool_choice in ("auto", "none", "required") else \
         {"type": "function", "name": req.tool_choice}
-    ctx.echo = {"instructions": instructions, "max_output_tokens": req.max_tokens, "metadata": body.get("metadata") or {},
-                "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": prev, "store": ctx.store,
-                "temperature": req.temperature, "text": text_echo, "tool_choice": choice, "tools": tools_echo,
-                "top_p": req.top_p if req.top_p is not None else 1.0, "truncation": truncation,
+    ctx.echo = {"instructions": instructions, "max_output_tokens": req.max_tokens, "store": ctx.store,
+                "metadata": body.get("metadata") or {}, "parallel_tool_calls": req.parallel_tool_calls,
+                "previous_response_id": prev, "temperature": req.temperature, "text": text_echo, "tool_choice": choice,
+                "tools": tools_echo, "top_p": req.top_p if req.top_p is not None else 1.0, "truncation": truncation,
                 "user": body.get("user"), "reasoning": None}
     return req, ctx
 
@@ -216,7 +217,7 @@ def _items(inp) -> tuple[list[dict], list[dict]]:
                          "content": _content(it.get("output"), f"{at}.output")})
             origins.append({"at": at, "tool": True})
         else:
-            raise _bad(f"'{at}' is a {_short(kind)} item: this server takes {', '.join(ITEMS)} items only "
+            raise _bad(f"'{at}' has type {_short(kind)}: this server takes {', '.join(ITEMS)} items only "
                        "(text and function tools)", f"{at}.type", "unsupported_value")
     return msgs, origins
 
@@ -232,7 +233,7 @@ def _content(content, at: str) -> str:
         where = f"{at}[{m}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in _TEXT_PARTS:
-            raise _bad(f"'{where}' is a {_short(kind)} part: this server takes text only (input_text, output_text)",
+            raise _bad(f"'{where}' has type {_short(kind)}: this server takes text only (input_text, output_text)",
                        where, "unsupported_value")
         _keys(part, {"type", "text", "annotations", "logprobs"}, where)
         if not isinstance(part.get("text"), str):
@@ -357,7 +358,7 @@ class ResponseMemory:
     def __init__(self, max_entries: int = 256, max_chars: int = 16_000_000):
         self.max_entries, self.max_chars = max_entries, max_chars
         self._items: OrderedDict[str, str] = OrderedDict()
-        self._chars = 0
+        self.chars = 0
         self._lock = threading.Lock()
 
     def remember(self, ctx: ResponseContext, content: str | None, calls: list[dict]) -> bool:
@@ -366,17 +367,19 @@ class ResponseMemory:
         if not ctx.store:
             return False
         turn: dict = {"role": "assistant", "content": content or ""}
-        if calls:
-            turn["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
-                "name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))}} for c in calls]
+        for c in calls or ():
+            name, args = c["function"]["name"], c["function"]["arguments"]
+            args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            turn.setdefault("tool_calls", []).append({"id": c["id"], "type": "function",
+                                                      "function": {"name": name, "arguments": args}})
         text = json.dumps(ctx.messages + [turn], ensure_ascii=False)
         if len(text) > self.max_chars:
             return False
         with self._lock:
             self._drop(ctx.id)
             self._items[ctx.id] = text
-            self._chars += len(text)
-            while len(self._items) > self.max_entries or self._chars > self.max_chars:
+            self.chars += len(text)
+            while len(self._items) > self.max_entries or self.chars > self.max_chars:
                 self._drop(next(iter(self._items)))
         return True
 
@@ -391,18 +394,7 @@ class ResponseMemory:
     def _drop(self, rid: str) -> None:
         text = self._items.pop(rid, None)
         if text is not None:
-            self._chars -= len(text)
+            self.chars -= len(text)
 
     def __len__(self) -> int:
         return len(self._items)
-
-    @property
-    def chars(self) -> int:
-        return self._chars
-
-
-def _arguments(args) -> str:
-    return args if isinstance(args, str) else json.dumps(args if args is not None else {}, ensure_ascii=False)
-
-
-from edgespec.serve.response_events import ResponseStream, response_object, sse, status_of  # noqa: E402,F401
