@@ -11,11 +11,21 @@ import json
 import time
 from functools import lru_cache
 
+from starlette.responses import JSONResponse
+
 from edgespec import jsonio
 from edgespec.runtime.bundle.vocab import SPECIAL_PREFIX, token_table
 from edgespec.serve import protocol, tools
 from edgespec.serve.errors import APIError
 from edgespec.serve.worker import Job, Outcome
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+class ClientGone(Exception):
+    """The client disconnected while sending its body (logged as one counted line, no traceback)."""
 
 
 def decode_body(raw: bytes):
@@ -142,6 +152,12 @@ def _ext(req: protocol.Request, outs: list[Outcome]) -> dict:
     return ext
 
 
+def _usage(p, outs: list[Outcome]) -> dict:
+    """Each prompt counted once (a prompt's n choices read it once), every completion token."""
+    prompts = sum(outs[i].prompt_tokens for i in range(0, len(outs), p.req.n))
+    return protocol.usage(prompts, sum(o.completion_tokens for o in outs))
+
+
 def full_body(api, p, outs: list[Outcome], model: str) -> dict:
     req, choices = p.req, []
     for i, out in enumerate(outs):
@@ -156,7 +172,7 @@ def full_body(api, p, outs: list[Outcome], model: str) -> dict:
                 if choice["finish_reason"] == "stop":
                     choice["finish_reason"] = "tool_calls"
         choices.append(choice)
-    use = protocol.usage(outs[0].prompt_tokens, sum(o.completion_tokens for o in outs))
+    use = _usage(p, outs)
     return protocol.full_body(req, protocol.new_id(req.kind), model, choices, use, _ext(req, outs))
 
 
@@ -170,7 +186,7 @@ async def sse(api, p, first: Job, model: str):
     req, rid, created = p.req, protocol.new_id(p.req.kind), int(time.time())
     outs, job = [], first
     try:
-        for i in range(req.n):
+        for i in range(p.choices):
             if i > 0:
                 try:
                     job = api.job(p, i)
@@ -188,10 +204,10 @@ async def sse(api, p, first: Job, model: str):
             if out is None:
                 break
             outs.append(out)
-        if outs and req.include_usage and len(outs) == req.n:
+        if outs and req.include_usage and len(outs) == p.choices:
             yield _data({"id": rid, "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
                          "created": created, "model": model, "choices": [],
-                         "usage": protocol.usage(outs[0].prompt_tokens, sum(o.completion_tokens for o in outs)),
+                         "usage": _usage(p, outs),
                          "system_fingerprint": None, "edgespec": _ext(req, outs)})
         yield "data: [DONE]\n\n"
     finally:

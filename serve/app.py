@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -26,6 +26,7 @@ from starlette.routing import Route
 from edgespec import jsonio
 from edgespec.errors import EdgespecError
 from edgespec.serve import answers, protocol, tools
+from edgespec.serve.answers import ClientGone, error_response
 from edgespec.serve.errors import APIError
 from edgespec.serve.guard import RequestGuard
 from edgespec.serve.responses import ResponseMemory
@@ -36,21 +37,17 @@ from edgespec.serve.worker import Job, Worker
 CLIENT_GONE = 499           # nginx's status for a client that left before its answer (never sent)
 
 
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
-class ClientGone(Exception):
-    """The client disconnected while sending its body (logged as one counted line, no traceback)."""
-
-
 @dataclass
 class Prepared:
-    """A checked request: the parsed fields, the prompt's ids and the generation's settings."""
+    """A checked request: the parsed fields, and per prompt (a completions batch has several) its ids and
+    its generation's settings. Choice i is prompt i // n's generation i % n (OpenAI's order)."""
     req: protocol.Request
-    ids: list[int]
-    settings: dict
+    prompts: list[tuple[list[int], dict]]
     scope: str | None
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.req.n
 
 
 class Api:
@@ -137,24 +134,31 @@ class Api:
         self.authorize(request)
         body = await self.read_json(request)
         req = parse(body)
-        if req.n > self.settings.max_n:
-            raise APIError(400, f"'n' = {req.n} is over this server's limit of {self.settings.max_n}", param="n")
-        try:
-            ids, constraint = await run_in_threadpool(self.encode, req)
-        except EdgespecError as exc:
-            raise APIError(400, str(exc), param="messages" if req.kind == "chat" else "prompt") from None
-        settings = dict(max_new_tokens=self.budget(req, len(ids)), temperature=req.temperature, top_p=req.top_p,
-                        top_k=req.top_k, min_p=req.min_p, seed=req.seed, stop=req.stop or None,
-                        **({"logprobs": req.logprobs} if req.logprobs is not None else {}), **(constraint or {}))
-        return Prepared(req, ids, settings, self.draft_scope(request))
+        batch = req.batch or [req.prompt]
+        if req.n * len(batch) > self.settings.max_n:
+            raise APIError(400, f"'n' = {req.n} for {len(batch)} prompt(s) is over this server's limit of "
+                                f"{self.settings.max_n} choices", param="n")
+        prompts = []
+        for one in batch:
+            try:
+                ids, constraint = await run_in_threadpool(self.encode, replace(req, prompt=one))
+            except EdgespecError as exc:
+                raise APIError(400, str(exc), param="messages" if req.kind == "chat" else "prompt") from None
+            prompts.append((ids, dict(max_new_tokens=self.budget(req, len(ids)), temperature=req.temperature,
+                                      top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, seed=req.seed,
+                                      stop=req.stop or None, **(constraint or {}),
+                                      **({"logprobs": req.logprobs} if req.logprobs is not None else {}))))
+        return Prepared(req, prompts, self.draft_scope(request))
 
     # ------------------------------------------------------------------ running jobs
     def job(self, p: Prepared, index: int = 0) -> Job:
-        """Choice `index`'s job (its seed: the request's + index), submitted (429/503 raise here)."""
-        req, seed = p.req, p.settings["seed"]
-        settings = dict(p.settings, draft_scope=p.scope, seed=None if seed is None else seed + index)
+        """Choice `index`'s job (its seed: the request's + index % n), submitted (429/503 raise here)."""
+        req = p.req
+        ids, settings = p.prompts[index // req.n]
+        seed = settings["seed"]
+        settings = dict(settings, draft_scope=p.scope, seed=None if seed is None else seed + index % req.n)
         calling = answers.calling(req)
-        job = Job(p.ids, settings, time.monotonic() + self.settings.timeout, asyncio.get_running_loop(),
+        job = Job(ids, settings, time.monotonic() + self.settings.timeout, asyncio.get_running_loop(),
                   deltas=req.stream, guard=answers.guard(req),
                   text_fallback={"grammar": tools.TEXT_ONLY} if calling and req.tool_choice == "auto" else None)
         self.worker.submit(job)
@@ -189,7 +193,7 @@ class Api:
         """All `n` choices of a plain request, one after another: their Outcomes, the first error, or None
         when the client left."""
         outs = []
-        for i in range(p.req.n):
+        for i in range(p.choices):
             job = self.job(p, i)
             event = await self.started(request, job, to_end=True)
             if event is None:

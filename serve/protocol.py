@@ -59,6 +59,7 @@ class Request:
     parse_special: bool = False           # special-token text in messages read as control tokens (opt-in)
     n: int = 1                            # choices: n generations one after another
     logprobs: int | None = None           # None: none; k: each token's logprob and its k most likely
+    batch: list | None = None             # completions: several prompts (str or ids), a choice each
     not_applied: dict = field(default_factory=dict)   # field -> why (the response's edgespec.not_applied)
 
 
@@ -252,19 +253,28 @@ def _message(m, i: int) -> dict:
     return dict(extra, role=ROLES[role], content=content)
 
 
-def parse_completion(body, model: str, strict_model: bool = False) -> Request:
-    p = _opening(body, COMPLETION_FIELDS, "prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]                           # a batch of one prompt
+def _one_prompt(p, where: str):
     if isinstance(p, list):
         if not p or not all(_is_int(t) and t >= 0 for t in p):
-            raise _bad("'prompt' must be a string or a list of token ids (one prompt: batches are not supported)",
-                       "prompt")
+            raise _bad(f"'{where}' must be a string, a list of token ids, or a list of those", "prompt")
     elif not isinstance(p, str):
-        raise _bad(f"'prompt' must be a string or a list of token ids, got {type(p).__name__}", "prompt")
+        raise _bad(f"'{where}' must be a string or a list of token ids, got {type(p).__name__}", "prompt")
     if not p:
-        raise _bad("'prompt' must not be empty", "prompt")
+        raise _bad(f"'{where}' must not be empty", "prompt")
+    return p
+
+
+def parse_completion(body, model: str, strict_model: bool = False) -> Request:
+    p = _opening(body, COMPLETION_FIELDS, "prompt")
+    batch = None
+    if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
+        batch = [_one_prompt(x, f"prompt[{i}]") for i, x in enumerate(p)]       # a batch: a choice per prompt
+        p = batch[0]
+        batch = batch if len(batch) > 1 else None
+    else:
+        p = _one_prompt(p, "prompt")
     req = _common(body, model, "completion", p, strict_model)
+    req.batch = batch
     if req.parse_special:
         raise _bad("'parse_special' is for chat messages: a completion prompt is read as written", "parse_special")
     lp = body.get("logprobs")                 # the completions route's form: the number of alternatives

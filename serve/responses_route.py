@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from edgespec.serve import answers, protocol, tools
+from edgespec.serve.answers import ClientGone, error_response
 from edgespec.serve.errors import APIError
 from edgespec.serve.response_events import ResponseStream, response_object, sse, status_of
 from edgespec.serve.responses import parse_responses
@@ -16,8 +17,6 @@ from edgespec.serve.responses import parse_responses
 
 async def respond(api, request: Request):
     """The route: a Response object, or its SSE events (`stream: true`)."""
-    from edgespec.serve.app import ClientGone, error_response
-
     model, seen = api.settings.model, {}
 
     def parse(body) -> protocol.Request:

@@ -45,7 +45,7 @@ def bundle(request):
 
 @pytest.fixture(scope="module")
 def server(bundle):
-    srv = Server(bundle, "--max-queue", "32", "--max-tokens-cap", str(CAP), "--max-body", "100000",
+    srv = Server(bundle, "--max-queue", "32", "--max-tokens-cap", str(CAP), "--max-body", "100000", "--threads", "1",
                  "--model-name", "smollm")
     yield srv
     assert srv.stop() == 0, "".join(srv.lines)
@@ -201,7 +201,7 @@ BAD = [
     ("chat", {"model": "smollm", "messages": CHAT, "frobnicate": 1}, "frobnicate"),
     ("completion", {"model": "smollm", "prompt": 7}, "prompt"),
     ("completion", {"model": "smollm", "prompt": ""}, "prompt"),
-    ("completion", {"model": "smollm", "prompt": ["a", "b"]}, "prompt"),
+    ("completion", {"model": "smollm", "prompt": ["a", ""]}, "prompt"),
     ("completion", {"model": "smollm", "prompt": "hello " * 9000, "max_tokens": 8}, "prompt"),   # over context
     ("completion", {"model": "smollm", "prompt": "x" * 120000}, None),                           # over --max-body
     ("completion", {"model": "smollm", "prompt": "hi", "logprobs": 99}, "logprobs"),
@@ -281,3 +281,46 @@ def test_a_seed_pins_the_sampled_text_whatever_the_server_served_before(server, 
     chat = [client.chat.completions.create(model="smollm", messages=CHAT, max_tokens=24, temperature=0.8, seed=3,
                                            extra_body={"min_p": 0.05}).choices[0].message.content for _ in range(5)]
     assert chat == [ar.generate(CHAT, max_new_tokens=24, temperature=0.8, seed=3, min_p=0.05, chat=True).text] * 5
+
+
+def test_logprobs_are_ars_plain_and_streamed_in_openais_shapes(server, bundle):
+    """The server's logprobs are the in-process ar decoder's (to 1e-5), chat and completions, streamed too;
+    n choices are n generations (seeds seed, seed + 1)."""
+    import argparse
+    from edgespec.serve.cli import register
+    from edgespec.serve.server import make_decoder
+    sub = argparse.ArgumentParser().add_subparsers()
+    register(sub)
+    args = sub.choices["serve"].parse_args(["--bundle", str(bundle), "--strategy", "ar", "--threads", "1"])
+    ref = make_decoder(Bundle.load(bundle, verify="fast"), args, defer_drafter=False)   # ar as the server runs it
+    want = ref.generate(CHAT, chat=True, max_new_tokens=12, logprobs=3)
+    shown = want.logprobs[:-1] if want.token_ids[-1] in ref.bundle.target.eos_ids else want.logprobs
+    client = server.client()
+    got = client.chat.completions.create(model="smollm", messages=CHAT, max_tokens=12, temperature=0, logprobs=True,
+                                         top_logprobs=3)
+    content = got.choices[0].logprobs.content
+    assert len(content) == len(shown)
+    for entry, e in zip(content, shown):
+        # to 1e-5, relative in the tail: the server's KV may hold this prompt from an earlier request, and a
+        # forward after a reused prefix rounds differently in float32 than a whole prefill
+        assert abs(entry.logprob - e.logprob) < 1e-5 and len(entry.top_logprobs) == 3
+        assert all(abs(t.logprob - lp) < 1e-5 * max(1.0, abs(lp)) for t, (_, lp) in zip(entry.top_logprobs, e.top))
+        assert bytes(entry.bytes) == ref.bundle.target.tokenizer.decode([e.token_id]).encode() or entry.bytes
+    assert "".join(bytes(c.bytes).decode("utf-8", "replace") for c in content) == got.choices[0].message.content
+    streamed = [c for chunk in client.chat.completions.create(
+        model="smollm", messages=CHAT, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3, stream=True)
+        for ch in chunk.choices if ch.logprobs and ch.logprobs.content for c in ch.logprobs.content]
+    assert [c.token for c in streamed] == [c.token for c in content]
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(streamed, content)) < 1e-5
+    comp = client.completions.create(model="smollm", prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=2)
+    want = ref.generate(PROMPTS[0], max_new_tokens=6, logprobs=2)
+    lp = comp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    assert max(abs(a - e.logprob) for a, e in zip(lp.token_logprobs, want.logprobs)) < 1e-5
+    assert lp.text_offset == sorted(lp.text_offset) and all(len(t) == 2 for t in lp.top_logprobs)
+    two = client.chat.completions.create(model="smollm", messages=CHAT, max_tokens=8, temperature=0.9, seed=4, n=2)
+    one = [client.chat.completions.create(model="smollm", messages=CHAT, max_tokens=8, temperature=0.9, seed=s)
+           for s in (4, 5)]
+    assert [c.message.content for c in two.choices] == [o.choices[0].message.content for o in one]
+    assert [c.index for c in two.choices] == [0, 1]
+    assert two.usage.completion_tokens == sum(o.usage.completion_tokens for o in one)

@@ -88,7 +88,7 @@ def test_messages_and_prompts():
     refused(lambda: chat(stream_options={"include_usage": True}), "stream_options")
     refused(lambda: chat(stream=True, stream_options={"include_usage": 1}), "stream_options")
     refused(lambda: chat(max_tokens=5, max_completion_tokens=6), "max_tokens")
-    for prompt in (None, "", 5, [], ["a", "b"], [1, "a"], [-1], [[1], [2]]):
+    for prompt in (None, "", 5, [], ["a", ""], [1, "a"], [-1], [[1], []], [["a"]]):
         refused(lambda: parse_completion({"model": "m", "prompt": prompt}, "m"), "prompt")
     refused(lambda: parse_completion({"model": "m", "prompt": "x", "messages": MSGS}, "m"), "messages")
     refused(lambda: parse_completion({"model": "m", "prompt": "x", "max_completion_tokens": 3}, "m"),
@@ -167,3 +167,9 @@ def test_n_and_logprobs_fields():
     assert parse_completion({"prompt": "x", "logprobs": 3}, "m").logprobs == 3
     assert parse_completion({"prompt": "x", "logprobs": 0}, "m").logprobs == 0
     assert chat(parse_special=True).parse_special is True and chat().parse_special is False
+
+
+def test_a_completions_batch_is_a_choice_per_prompt():
+    r = parse_completion({"prompt": ["one", [1, 2], "three"]}, "m")
+    assert r.batch == ["one", [1, 2], "three"] and r.prompt == "one"
+    assert parse_completion({"prompt": ["one"]}, "m").batch is None

@@ -252,7 +252,7 @@ class SpeculativeDecoder:
                                   f"target's context length {limit}")
         plan = self.planning.current()
         coupled = self.config.couples(seed, params.greedy)
-        dec = self._resolved(plan, params.greedy, exact_plain=coupled)
+        dec = self._resolved(plan, params.greedy, exact_plain=coupled or logprobs is not None)   # ar's rows
         step = step_plan(plan, dec.config, self.target.min_tokens, auto=self.strategy.name == "auto",
                          verify_ms=self.planning.verify_costs())
         # randomised drafting's no-draft rows are not masked by a grammar: constrained, it drafts as TLI
