@@ -15,20 +15,31 @@ The body's own time limit is the app's (serve/app.py, read_json).
 """
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
 
-RESERVED_FDS = 64            # descriptors kept for the bundle's files, ORT and the log
+ACCEPT_BURST = 64          # the listen backlog, which is also how many connections asyncio accepts at once
+SPARE_FDS = ACCEPT_BURST + 32    # beyond those open at start: one burst accepted before any is refused, and more
 MAX_CONNECTIONS = 512        # the bound where the descriptor limit allows more
 
 
+def open_descriptors() -> int:
+    """Descriptors this process has open now (the bundle's files, ORT's, pipes), or a guess off Linux."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 64
+
+
 def default_max_connections() -> int:
-    """Open connections allowed: MAX_CONNECTIONS, or fewer where the descriptor limit is lower."""
+    """Open connections allowed: MAX_CONNECTIONS, or fewer where the descriptor limit, less what is open
+    already (call it once the decoder is loaded), is lower."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return MAX_CONNECTIONS
-    return max(8, min(MAX_CONNECTIONS, soft - RESERVED_FDS))
+    return max(8, min(MAX_CONNECTIONS, soft - open_descriptors() - SPARE_FDS))
 
 
 class Notices:

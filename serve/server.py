@@ -69,7 +69,8 @@ def serve(args) -> int:
     try:  # lazy: the [serve] extra
         import uvicorn  # lazy: the [serve] extra
         from edgespec.serve.app import Settings, build_app  # lazy: the [serve] extra
-        from edgespec.serve.connections import Notices, default_max_connections, protocol_class  # lazy: uvicorn
+        from edgespec.serve.connections import (ACCEPT_BURST, Notices, default_max_connections,  # lazy: uvicorn
+                                                 protocol_class)
     except ModuleNotFoundError as exc:
         raise ServeError(f"edgespec serve needs the [serve] extra ({exc.name} is missing): "
                          "pip install 'edgespec[serve]'") from None
@@ -88,7 +89,7 @@ def serve(args) -> int:
     app = build_app(worker, settings, notices)
     http = protocol_class(settings.header_timeout, settings.max_connections, notices)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=30, lifespan="off", http=http)
+                            timeout_graceful_shutdown=30, lifespan="off", http=http, backlog=ACCEPT_BURST)
     logging.getLogger("uvicorn.error").addFilter(NoticeFilter(notices))
     eps = ",".join(p.replace("ExecutionProvider", "") for p in dec.providers["target"][:1])
     strategy = f"{dec.strategy.name} (draft length {dec.config.draft_length})"
