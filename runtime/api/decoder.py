@@ -41,7 +41,7 @@ from edgespec.runtime.planning.records import step_plan
 from edgespec.runtime.api.shared import Setup
 from edgespec.runtime.api.generation import Generation
 from edgespec.runtime.samplers.coupled import RaceNoise
-from edgespec.runtime.samplers.logprobs import check_top
+from edgespec.runtime.samplers.logprobs import TokenLogprob, check_top
 from edgespec.runtime.samplers.sampling import make_rng
 from edgespec.runtime.api.stats import GenerationStats
 from edgespec.runtime.round.strategies import choose_auto, for_bundle, get_strategy
@@ -53,7 +53,8 @@ class GenerationResult:
     token_ids: list[int]
     stats: GenerationStats
     prompt_token_ids: list[int] = field(default_factory=list)
-    logprobs: list | None = None      # TokenLogprob per token id, where asked (runtime/samplers/logprobs.py)
+    # the target's log-probability of each token id (aligned with token_ids), where asked: generate(logprobs=k)
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -195,22 +196,28 @@ class SpeculativeDecoder:
     def generate(self, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: str | Sequence[str] | None = None, chat: bool = False, min_p: float | None = None,
-                 **constraint) -> GenerationResult:
-        """`constraint`: structured output (docs/structured-output.md); `draft_scope`: docs/runtime.md."""
+                 logprobs: int | None = None, **constraint) -> GenerationResult:
+        """`constraint`: structured output (docs/structured-output.md); `draft_scope`: docs/runtime.md.
+        `logprobs`: None (off), or k = 0..20: the result's `logprobs` holds each token's TokenLogprob (the
+        target's own log-probability and its k most likely alternatives: runtime/samplers/logprobs.py)."""
         with self.shared.lock:      # calls on one decoder (and its variants) run one at a time
             for _ in self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, min_p,
-                               incremental=False, **constraint):
+                               incremental=False, logprobs=logprobs, **constraint):
                 pass
             return self.last_result
 
     def stream(self, prompt, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                stop: str | Sequence[str] | None = None, chat: bool = False, min_p: float | None = None,
-               **constraint) -> Iterator[str]:
+               logprobs: int | None = None, **constraint) -> Iterator[str]:
         """Text deltas (each a valid str; their concatenation is the result's text). The full result,
         stats included, is in `self.last_result` once the generator ends or is closed. Arguments are
-        checked when this is called, not at the first `next()`."""
-        run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, min_p, **constraint)
+        checked when this is called, not at the first `next()`. With `logprobs` (as generate's), after
+        each delta `self.last_generation.logprobs` lists the TokenLogprob of every token committed so far,
+        aligned with `self.last_generation.generated` (a stop string's cut applied): a caller sends the
+        entries past those it sent already (the delta's text may end before the last token's)."""
+        run = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, min_p,
+                        logprobs=logprobs, **constraint)
         with self.shared.lock:
             next(run)  # runs the argument checks now; the first yield carries no text
         return self._locked(run)
