@@ -2,6 +2,7 @@
 (an interactive chat in the terminal; runtime only)."""
 from __future__ import annotations
 
+from edgespec.help_all import add_help_all
 from edgespec.runtime.arguments import add_decoder_arguments, defaults_of
 from edgespec.serve.chat import run_chat
 from edgespec.serve.server import serve
@@ -9,14 +10,18 @@ from edgespec.serve.settings import Settings
 from edgespec.serve.worker import Worker
 
 SERVE = {**defaults_of(Settings), "max_queue": defaults_of(Worker)["max_queue"]}   # the flags' defaults
+# left out of serve's --help, listed by --help-all (edgespec/help_all.py)
+SERVE_EXPERT = ("--header-timeout", "--body-timeout", "--max-connections", "--max-n", "--max-body", "--strict-model",
+                "--no-cross-request")
+SERVE_USAGE = ("%(prog)s --bundle DIR [--host HOST] [--port PORT] [--api-key KEY]\n"
+               "         [--allowed-hosts NAMES] [--cors-origins ORIGINS] [options]")
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="serve a bundle over an OpenAI-compatible HTTP API (needs the [serve] extra)",
-        description="An OpenAI-compatible local server: GET /v1/models, POST /v1/chat/completions, "
-                    "/v1/completions and /v1/responses (plain and streamed; each also without /v1), GET /health. "
-                    "One decoder serves the requests one at a time, first come first served.")
+        description="An OpenAI-compatible local server: /v1/models, /v1/chat/completions, /v1/completions, "
+                    "/v1/responses (each also without /v1), /health (docs/serve.md).")
     add_decoder_arguments(p)
     p.add_argument("--host", default=SERVE["host"], help=f"address to bind (default {SERVE['host']}: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
@@ -38,12 +43,9 @@ def register(subparsers) -> None:
                    help="refuse a request naming another model (404) or none (400); by default any name serves "
                         "the bundle, as llama-server and Ollama do")
     p.add_argument("--allowed-hosts", type=_names, default=SERVE["allowed_hosts"], metavar="NAMES",
-                   help="more Host names to answer, comma-separated ('*' any, '.example.com' a domain); by default "
-                        "only local ones (localhost, 127.0.0.1, ::1, the bind address): a web page cannot rebind DNS "
-                        "to reach the server")
+                   help="Host names to answer besides local ones, comma-separated ('*' any)")
     p.add_argument("--cors-origins", type=_names, default=SERVE["cors_origins"], metavar="ORIGINS",
-                   help="web origins allowed to call the server, comma-separated ('*' any); by default browsers' "
-                        "cross-origin requests are refused")
+                   help="web origins allowed to call the server (CORS), comma-separated ('*' any)")
     p.add_argument("--header-timeout", type=float, default=SERVE["header_timeout"], metavar="S",
                    help=f"seconds a connection may take to send a request's headers (default "
                         f"{SERVE['header_timeout']:g})")
@@ -57,6 +59,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-cross-request", action="store_true",
                    help="no answer store: earlier requests' answers never draft for later ones (docs/runtime.md)")
     p.set_defaults(func=_serve)
+    add_help_all(p, SERVE_EXPERT, usage=SERVE_USAGE)
 
     c = subparsers.add_parser(
         "chat", help="chat with a bundle in the terminal (streaming; /reset, /stats, Ctrl-C stops a reply)",
